@@ -1,0 +1,235 @@
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Who listens on a TCP port, which cgroup a process is in, when it started.
+
+Reads /proc and /sys/fs/cgroup directly (standard library only).  Every function takes the
+root directory as a parameter so unit tests can point it at a recorded proc tree.
+``/proc/net/tcp`` is the table of the reader's network namespace: call these from the
+namespace the server listens in (the module runs on the target host, so it is).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+TCP_LISTEN = "0A"
+
+
+def _read(path, mode="r"):
+    with open(path, mode) as handle:
+        return handle.read()
+
+
+def _decode_address(hex_addr):
+    """``0100007F:1F90`` (tcp) or the 32-hex-digit tcp6 form -> (ip string, port)."""
+    addr, _, port = hex_addr.partition(":")
+    raw = bytes.fromhex(addr)
+    if len(raw) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, struct.pack("<I", struct.unpack(">I", raw)[0]))
+    else:
+        # The kernel prints the in6_addr as four host-order (little-endian here) 32-bit words.
+        words = struct.unpack(">4I", raw)
+        ip = socket.inet_ntop(socket.AF_INET6, struct.pack("<4I", *words))
+    return ip, int(port, 16)
+
+
+def parse_net_tcp(text):
+    """Rows of /proc/net/tcp or /proc/net/tcp6 as dicts: local ip/port, state, uid, inode."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        ip, port = _decode_address(fields[1])
+        rows.append(
+            {
+                "local_address": ip,
+                "local_port": port,
+                "state": fields[3],
+                "uid": int(fields[7]),
+                "inode": int(fields[9]),
+            }
+        )
+    return rows
+
+
+def _address_matches(listen_ip, host):
+    """A socket bound to the wildcard (or its v4-mapped form) accepts connections to any host."""
+    if host is None:
+        return True
+    if listen_ip in ("0.0.0.0", "::", host):
+        return True
+    if listen_ip.startswith("::ffff:") and listen_ip[7:] == host:
+        return True
+    # 'localhost' and friends: accept any loopback listener.
+    return host == "localhost" and (listen_ip.startswith("127.") or listen_ip == "::1")
+
+
+def listeners(port, host=None, root="/proc"):
+    """LISTEN sockets on ``port`` (tcp and tcp6) that accept connections to ``host``.
+
+    Returns dicts ``{local_address, local_port, inode, family}``; inode 0 rows are skipped
+    (a socket being torn down).
+    """
+    found = []
+    for family in ("tcp", "tcp6"):
+        path = os.path.join(root, "net", family)
+        try:
+            text = _read(path)
+        except FileNotFoundError:
+            continue  # kernel without IPv6
+        for row in parse_net_tcp(text):
+            if row["state"] != TCP_LISTEN or row["local_port"] != port or not row["inode"]:
+                continue
+            if not _address_matches(row["local_address"], host):
+                continue
+            found.append(
+                {
+                    "local_address": row["local_address"],
+                    "local_port": port,
+                    "inode": row["inode"],
+                    "family": family,
+                }
+            )
+    return found
+
+
+def pids(root="/proc"):
+    return sorted(int(name) for name in os.listdir(root) if name.isdigit())
+
+
+def pids_of_inode(inode, root="/proc"):
+    """Every PID with an open fd on socket ``inode`` (forked children share the listener)."""
+    target = f"socket:[{inode}]"
+    holders = []
+    for pid in pids(root):
+        fd_dir = os.path.join(root, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # exited, or a kernel thread we may not read
+        for fd in fds:
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)) == target:
+                    holders.append(pid)
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+def pid_of_inode(inode, root="/proc"):
+    """The lowest PID holding socket ``inode`` (the parent of forked holders), or None."""
+    holders = pids_of_inode(inode, root)
+    return holders[0] if holders else None
+
+
+def parse_cgroup(text):
+    """The unified-hierarchy path from /proc/PID/cgroup (``0::/path``), else the name=systemd one."""
+    named = None
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            return path
+        if controllers == "name=systemd":
+            named = path
+    return named
+
+
+def cgroup_of(pid, root="/proc"):
+    try:
+        return parse_cgroup(_read(os.path.join(root, str(pid), "cgroup")))
+    except OSError:
+        return None
+
+
+def cmdline(pid, root="/proc"):
+    """argv of ``pid`` (NUL-separated in /proc, trailing NUL dropped); [] for a zombie/kernel thread."""
+    try:
+        raw = _read(os.path.join(root, str(pid), "cmdline"), "rb")
+    except OSError:
+        return None
+    if raw.endswith(b"\0"):
+        raw = raw[:-1]
+    if not raw:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0")]
+
+
+def parse_stat(text):
+    """Fields of /proc/PID/stat; ``comm`` (field 2) may contain spaces and parentheses."""
+    head, _, tail = text.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    rest = tail.split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return {
+        "pid": int(pid),
+        "comm": comm,
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "starttime": int(rest[22 - 3]),
+    }
+
+
+def clock_ticks():
+    return os.sysconf("SC_CLK_TCK")
+
+
+def start_time_us(pid, root="/proc", ticks=None):
+    """When ``pid`` started, in microseconds since boot (field 22 of /proc/PID/stat / SC_CLK_TCK).
+
+    The kernel counts this on the boot-time clock (CLOCK_BOOTTIME, which includes suspend);
+    :func:`boottime_offset_us` converts to CLOCK_MONOTONIC.  Resolution is one clock tick
+    (10 ms at the usual 100 Hz).
+    """
+    try:
+        stat = parse_stat(_read(os.path.join(root, str(pid), "stat")))
+    except (OSError, ValueError, IndexError):
+        return None
+    ticks = ticks or clock_ticks()
+    return stat["starttime"] * 1000000 // ticks
+
+
+def boottime_offset_us():
+    """CLOCK_BOOTTIME - CLOCK_MONOTONIC in microseconds (time spent suspended; 0 on a server)."""
+    import time
+
+    return int((time.clock_gettime(time.CLOCK_BOOTTIME) - time.clock_gettime(time.CLOCK_MONOTONIC)) * 1000000)
+
+
+def cgroup_procs(control_group, cgroup_root="/sys/fs/cgroup"):
+    """PIDs in the unit's cgroup and its sub-cgroups (cgroup v2 ``cgroup.procs`` files).
+
+    Tries the unified hierarchy at ``cgroup_root`` (v2), then ``unified/`` (hybrid, as in
+    systemd-nspawn lab hosts on a v1 kernel), then ``systemd/`` (legacy).  Returns None when the
+    unit's cgroup exists in none of them (the unit has no processes).
+    """
+    if not control_group:
+        return None
+    # cgroup v2 (unified), hybrid (v2 under unified/), legacy v1 (name=systemd hierarchy).
+    for sub in ("", "unified", "systemd"):
+        base = os.path.join(cgroup_root, sub, control_group.lstrip("/"))
+        if os.path.isfile(os.path.join(base, "cgroup.procs")):
+            break
+    else:
+        return None
+    found = set()
+    for dirpath, _dirnames, filenames in os.walk(base):
+        if "cgroup.procs" not in filenames:
+            continue
+        try:
+            text = _read(os.path.join(dirpath, "cgroup.procs"))
+        except OSError:
+            continue
+        found.update(int(line) for line in text.split() if line.isdigit())
+    return sorted(found)
+
+
+def in_cgroup(path, control_group):
+    """``path`` is the unit's cgroup or below it (a delegated sub-cgroup)."""
+    if not path or not control_group:
+        return False
+    return path == control_group or path.startswith(control_group.rstrip("/") + "/")
