@@ -1,0 +1,406 @@
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""SGLang's own report of its arguments: the ``server_args=`` log line, argv, alias-aware compare.
+
+Two forms of the startup line exist (see docs/ARCHITECTURE.md, reference sglang.md):
+
+* 0.5.23: ``[2026-12-02 16:23:25] server_args={'model_path': '/m', ...}`` -- the repr of
+  ``redact_watermark_secrets(server_args.resolved_dict())`` (engine.py ``_server_args_for_logging``).
+* older builds: ``server_args=ServerArgs(model_path='/m', tp_size=8, ...)`` -- a dataclass repr.
+
+Both are parsed with ``ast`` (never ``eval``). Values that are not Python literals are kept as their
+source text. A line that is cut short (pasted, or split by journald above ``LineMax=``) is parsed
+item by item up to the cut and reported as ``partial``.
+
+Comparison rules (``values_equal``), chosen to match what SGLang itself does to a value:
+
+* argv values are strings: ``'2048'`` equals ``2048``, ``'0.85'`` equals ``0.85``;
+* a bare store_true flag is ``True``; ``'true'``/``'false'`` strings equal the booleans;
+* ``speculative_algorithm`` and other CASE_INSENSITIVE_KEYS compare case-insensitively
+  (SGLang upper-cases the algorithm during resolution);
+* ``None`` equals a key that is absent (both mean "not set");
+* lists compare element-wise with the same rules.
+
+Nothing else is normalised: a path with a trailing slash, ``8`` vs ``'8x'`` etc. are differences.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ansible.module_utils.sglang_redact import REDACTED, is_secret_key
+
+# canonical key -> other spellings a server may report (renames; DDTree fork spellings).
+# module_utils/sglang_argv.py owns the authoritative table; the integrator dedupes this copy.
+KEY_ALIASES = {
+    'speculative_draft_window_size': ('speculative_dflash_draft_window_size',),
+    'speculative_ddtree_budget': ('tree_budget', 'speculative_dflash_ddtree_budget'),
+}
+
+CASE_INSENSITIVE_KEYS = frozenset({'speculative_algorithm'})
+
+# argparse option strings of SGLang 0.5.23 whose dest is not the flag spelled with ``_``
+# (read from ServerArgs.add_cli_args). Callers can pass the installed parser's own map.
+FLAG_DESTS = {
+    '--model': 'model_path',
+    '--tensor-parallel-size': 'tp_size',
+    '--pipeline-parallel-size': 'pp_size',
+    '--data-parallel-size': 'dp_size',
+    '--expert-parallel-size': 'ep_size',
+    '--ep': 'ep_size',
+    '--speculative-draft-model': 'speculative_draft_model_path',
+    '--nccl-init-addr': 'dist_init_addr',
+    '--enable-hicache': 'enable_hierarchical_cache',
+}
+
+MARKER = 'server_args='
+
+_ALIAS_TO_CANONICAL = {alias: canon for canon, aliases in KEY_ALIASES.items() for alias in aliases}
+
+
+class ServerArgsParseError(ValueError):
+    """The text after ``server_args=`` is neither a dict repr nor a ``ServerArgs(...)`` repr."""
+
+
+def canonical_key(key):
+    """The canonical (0.5.23 dest) name of ``key``; unknown keys map to themselves."""
+    return _ALIAS_TO_CANONICAL.get(key, key)
+
+
+def spellings(key):
+    """``key`` first, then every alias of its canonical key."""
+    canon = canonical_key(key)
+    names = [canon] + list(KEY_ALIASES.get(canon, ()))
+    if key not in names:
+        names.insert(0, key)
+    return names
+
+
+def lookup(reported, key):
+    """``(found, value, name_used)`` for canonical ``key`` in ``reported``, alias-aware."""
+    for name in spellings(key):
+        if name in reported:
+            return True, reported[name], name
+    return False, None, None
+
+
+def find_server_args_line(messages):
+    """The LAST message containing ``server_args=`` (callers pass one invocation only), or None."""
+    found = None
+    for message in messages:
+        if isinstance(message, str) and MARKER in message:
+            found = message
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing
+
+def _value_of(node, source):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        text = ast.get_source_segment(source, node)
+        return text if text is not None else ast.unparse(node)
+
+
+def _split_top_level(text, start):
+    """Split ``text[start:]`` at top-level commas until the bracket opened before ``start`` closes.
+
+    Returns ``(items, closed)``; ``closed`` is False when the text ends first (a cut line).
+    Quotes (with backslash escapes) and nested ()[]{} are respected.
+    """
+    items, depth, quote, i, begin = [], 0, None, start, start
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == '\\':
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in '\'"':
+            quote = c
+        elif c in '([{':
+            depth += 1
+        elif c in ')]}':
+            if depth == 0:
+                items.append(text[begin:i])
+                return [s for s in items if s.strip()], True
+            depth -= 1
+        elif c == ',' and depth == 0:
+            items.append(text[begin:i])
+            begin = i + 1
+        i += 1
+    items.append(text[begin:])
+    return [s for s in items if s.strip()], False
+
+
+def _parse_items(text, start, form):
+    """Item-by-item parse used when the whole repr does not parse (cut or odd line)."""
+    items, closed = _split_top_level(text, start)
+    result = {}
+    complete = closed
+    for raw in items:
+        item = raw.strip()
+        try:
+            if form == 'dataclass':
+                key, eq, value_src = item.partition('=')
+                if not eq or not key.strip().isidentifier():
+                    raise ValueError(item)
+                node = ast.parse(value_src.strip(), mode='eval').body
+                result[key.strip()] = _value_of(node, value_src.strip())
+            else:
+                node = ast.parse('{' + item + '}', mode='eval').body
+                if not isinstance(node, ast.Dict) or len(node.keys) != 1:
+                    raise ValueError(item)
+                key = ast.literal_eval(node.keys[0])
+                result[key] = _value_of(node.values[0], '{' + item + '}')
+        except (ValueError, SyntaxError, TypeError):
+            complete = False
+            break
+    return result, complete
+
+
+def parse_server_args(text):
+    """Parse one log message containing ``server_args=``.
+
+    Returns ``{'form': 'dict'|'dataclass', 'args': {...}, 'partial': bool}``.
+    Raises ServerArgsParseError when there is no ``server_args=`` or the form is unknown.
+    """
+    if not isinstance(text, str) or MARKER not in text:
+        raise ServerArgsParseError('no "server_args=" in the message')
+    body = text[text.index(MARKER) + len(MARKER):].strip()
+    if body.startswith('{'):
+        form, open_at = 'dict', 1
+    elif body.startswith('ServerArgs('):
+        form, open_at = 'dataclass', len('ServerArgs(')
+    else:
+        raise ServerArgsParseError(
+            f'server_args= is followed by neither "{{" nor "ServerArgs(": {body[:40]!r}')
+    items, closed = _split_top_level(body, open_at)
+    end = None
+    if closed:
+        # position of the closing bracket: re-scan is cheap and keeps the splitter simple
+        end = _closing_index(body, open_at)
+    whole = body[:end + 1] if end is not None else body
+    try:
+        tree = ast.parse(whole, mode='eval').body
+    except SyntaxError:
+        tree = None
+    if form == 'dict' and isinstance(tree, ast.Dict):
+        args = {}
+        ok = True
+        for k, v in zip(tree.keys, tree.values):
+            try:
+                key = ast.literal_eval(k) if k is not None else None
+            except ValueError:
+                ok = False
+                break
+            if not isinstance(key, str):
+                ok = False
+                break
+            args[key] = _value_of(v, whole)
+        if ok:
+            return {'form': form, 'args': args, 'partial': False}
+    if form == 'dataclass' and isinstance(tree, ast.Call) and not tree.args:
+        args = {kw.arg: _value_of(kw.value, whole) for kw in tree.keywords if kw.arg}
+        return {'form': form, 'args': args, 'partial': False}
+    args, complete = _parse_items(body, open_at, form)
+    if not args:
+        raise ServerArgsParseError(f'could not parse the {form} form after server_args=')
+    return {'form': form, 'args': args, 'partial': not complete}
+
+
+def _closing_index(text, open_at):
+    depth, quote, i = 0, None, open_at
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == '\\':
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in '\'"':
+            quote = c
+        elif c in '([{':
+            depth += 1
+        elif c in ')]}':
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return None
+
+
+_RUNNER = re.compile(
+    r'Initialized DFLASH draft runner\. attention_backend=(?P<attention_backend>[^,]*), '
+    r'model=(?P<model>[^,]*), block_size=(?P<block_size>[^,]*), '
+    r'draft_window_size=(?P<draft_window_size>[^,]*), compact_cache=(?P<compact_cache>\S*)')
+
+
+def parse_dflash_runner(message):
+    """Fields of SGLang's ``Initialized DFLASH draft runner. ...`` line, or None."""
+    m = _RUNNER.search(message or '')
+    if not m:
+        return None
+    out = {}
+    for key, raw in m.groupdict().items():
+        raw = raw.strip()
+        if raw == 'None':
+            out[key] = None
+        elif raw in ('True', 'False'):
+            out[key] = raw == 'True'
+        elif re.fullmatch(r'-?\d+', raw):
+            out[key] = int(raw)
+        else:
+            out[key] = raw
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# argv
+
+def flag_to_key(flag, flag_dests=None):
+    """``--foo-bar`` -> ``('foo_bar', True)``; ``--no-foo`` (BooleanOptionalAction) -> ``('foo', False)``.
+
+    The second item is the value a bare flag stands for. Alias-aware (canonical key returned).
+    """
+    table = dict(FLAG_DESTS)
+    if flag_dests:
+        table.update(flag_dests)
+    if flag in table:
+        return canonical_key(table[flag]), True
+    if flag.startswith('--no-'):
+        # SGLang 0.5.23: every --no-X option is the negative of a BooleanOptionalAction --X
+        positive = '--' + flag[5:]
+        return canonical_key(table.get(positive, flag[5:].replace('-', '_'))), False
+    name = flag[2:].replace('-', '_')
+    return canonical_key(name), True
+
+
+def argv_settings(argv, flag_dests=None):
+    """Settings an argv sets: ``{canonical_key: value}`` (strings as given; bare flag -> bool).
+
+    Everything before the first ``--option`` (launcher, ``serve``) is skipped. ``--k=v`` and
+    ``--k v [v ...]`` are both understood; several values become a list. A later occurrence of
+    the same key wins, as in argparse.
+    """
+    settings = {}
+    i, n = 0, len(argv)
+    while i < n and not str(argv[i]).startswith('--'):
+        i += 1
+    while i < n:
+        arg = str(argv[i])
+        if not arg.startswith('--') or arg == '--':
+            i += 1
+            continue
+        flag, eq, inline = arg.partition('=')
+        key, bare = flag_to_key(flag, flag_dests)
+        if eq:
+            settings[key] = inline
+            i += 1
+            continue
+        values = []
+        j = i + 1
+        while j < n and not str(argv[j]).startswith('--'):
+            values.append(str(argv[j]))
+            j += 1
+        if not values:
+            settings[key] = bare
+        elif len(values) == 1:
+            settings[key] = values[0]
+        else:
+            settings[key] = values
+        i = j
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+_INT = re.compile(r'^[+-]?\d+$')
+_FLOAT = re.compile(r'^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$')
+
+
+def _scalar_equal(key, a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, bool) or isinstance(b, bool):
+        return _as_bool(a) is not None and _as_bool(a) == _as_bool(b)
+    if isinstance(a, (int, float)) or isinstance(b, (int, float)):
+        fa, fb = _as_number(a), _as_number(b)
+        return fa is not None and fb is not None and fa == fb
+    if isinstance(a, str) and isinstance(b, str):
+        if canonical_key(key) in CASE_INSENSITIVE_KEYS:
+            return a.upper() == b.upper()
+        return a == b
+    return a == b
+
+
+def _as_bool(v):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ('true', 'false'):
+        return v.lower() == 'true'
+    return None
+
+
+def _as_number(v):
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, str):
+        s = v.strip()
+        if _INT.match(s):
+            return int(s)
+        if _FLOAT.match(s):
+            return float(s)
+    return None
+
+
+def values_equal(key, expected, running):
+    """Type-tolerant equality for one setting (rules in the module docstring)."""
+    if isinstance(expected, (list, tuple)) or isinstance(running, (list, tuple)):
+        ev = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+        rv = list(running) if isinstance(running, (list, tuple)) else [running]
+        return len(ev) == len(rv) and all(_scalar_equal(key, a, b) for a, b in zip(ev, rv))
+    return _scalar_equal(key, expected, running)
+
+
+def show_value(key, value):
+    """Readable value for a diff line; secrets never shown."""
+    if is_secret_key(key) and value not in (None, ''):
+        return REDACTED
+    if value is None:
+        return 'None'
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def compare(expected, reported, source='', absent_is_none=True):
+    """Diff lines ``key: expected X, running Y (source)`` for every expected key that differs.
+
+    ``reported`` may use alias spellings (``speculative_dflash_draft_window_size`` satisfies
+    ``speculative_draft_window_size``). With ``absent_is_none`` a key the source does not report
+    counts as None (the server_args line and /server_info report every key; argv only the keys
+    it sets, so for argv an absent key means "left at SGLang's default" = expected None).
+    """
+    diffs = []
+    suffix = f' ({source})' if source else ''
+    for key in sorted(expected):
+        want = expected[key]
+        found, got, name = lookup(reported, key)
+        if not found:
+            if absent_is_none and want is None:
+                continue
+            diffs.append(f'{key}: expected {show_value(key, want)}, running <not reported>{suffix}')
+            continue
+        if not values_equal(key, want, got):
+            label = key if name == key else f'{key} (as {name})'
+            diffs.append(f'{label}: expected {show_value(key, want)}, '
+                         f'running {show_value(key, got)}{suffix}')
+    return diffs
