@@ -150,10 +150,9 @@ def validate_header(header_bytes: bytes, header_len: int, file_size: int) -> dic
     spans = []
     dtypes: dict[str, int] = {}
     for name, info in header.items():
-        if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"} or len(info) != 3:
-            raise ShardError(
-                "corrupt", f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets"
-            )
+        # safetensors (serde) ignores unknown keys; it requires these three.
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise ShardError("corrupt", f"tensor {name!r}: entry lacks dtype, shape or data_offsets")
         offsets = info["data_offsets"]
         if not (
             isinstance(offsets, list)

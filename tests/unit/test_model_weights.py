@@ -274,11 +274,24 @@ CORRUPTIONS = {
         "begin <= end",
     ),
     "hole": (_drop_last_tensor_keep_bytes, "leaves a hole"),
-    "extra key": (
-        lambda h: {**h, "lm_head.weight": {**h["lm_head.weight"], "offset": 0}},
-        "exactly dtype, shape, data_offsets",
+    "missing key": (
+        lambda h: {
+            **h,
+            "lm_head.weight": {"dtype": "BF16", "data_offsets": h["lm_head.weight"]["data_offsets"]},
+        },
+        "lacks dtype, shape or data_offsets",
     ),
 }
+
+
+def test_extra_tensor_keys_are_accepted_like_safetensors(tmp_path, capsys):
+    # The safetensors library (serde) ignores unknown keys in a tensor entry; so does the check.
+    d = write_checkpoint(tmp_path / "t")
+    _rewrite_header(
+        d / "model-00002-of-00002.safetensors",
+        lambda h: {**h, "lm_head.weight": {**h["lm_head.weight"], "offset": 0}},
+    )
+    assert check(d, capsys)["ok"] is True
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
