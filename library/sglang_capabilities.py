@@ -1,0 +1,394 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_capabilities
+short_description: Discover what the installed SGLang's own argument parser accepts
+description:
+  - Runs a small script in the SGLang virtualenv's python that builds SGLang's real parser exactly
+    as C(sglang serve) does (general plugins loaded, then C(argparse.ArgumentParser(prog="sglang serve"))
+    and C(ServerArgs.add_cli_args(parser))) and dumps every option with its flags, whether it is hidden
+    or deprecated, its choices, nargs, whether it takes a value and its default.
+  - Also returns the speculative algorithms the build accepts (the parser's choices when it has them,
+    else the C(SpeculativeAlgorithm) enum, the reserved aliases such as NEXTN, and plugin-registered names).
+  - The result is cached under O(cache_dir), keyed by the SGLang version, a hash of the installed
+    distribution's RECORD (and direct_url.json), and a hash of the dump script. A reinstall from a fork
+    or another ref changes RECORD and invalidates the cache. A cache hit only runs a tiny metadata probe
+    in the venv (no torch import).
+  - Read-only with respect to the deployment; C(changed) is always false.
+    The cache is not written in check mode.
+version_added: "0.1.0"
+options:
+  python:
+    description: Path of the SGLang virtualenv's python (for example C(/opt/sglang/venv/bin/python)).
+    type: path
+    required: true
+  cache_dir:
+    description: Directory for cached dumps (created if missing, outside check mode).
+    type: path
+    default: /var/lib/sglang-deploy/capabilities
+  timeout:
+    description: Seconds the dump may take (importing SGLang imports torch; 10 s on a lab host).
+    type: int
+    default: 300
+attributes:
+  check_mode:
+    support: full
+    details: The dump is read-only; in check mode it runs but the cache is not written.
+  diff_mode:
+    support: none
+author:
+  - contributors to this repository
+"""
+
+EXAMPLES = r"""
+- name: Discover the installed SGLang's parser
+  sglang_capabilities:
+    python: /opt/sglang/venv/bin/python
+  register: __sglang_capabilities
+
+- name: Show the version and the algorithms it accepts
+  ansible.builtin.debug:
+    msg: "{{ __sglang_capabilities.version }}: {{ __sglang_capabilities.algorithms | join(', ') }}"
+"""
+
+RETURN = r"""
+version:
+  description: Installed SGLang version (C(importlib.metadata.version("sglang")) in the venv).
+  returned: success
+  type: str
+  sample: 0.5.23
+options:
+  description:
+    - Parser options keyed by argparse dest. C(flags) are the visible flags (best first), C(hidden)
+      is true when the dest has no visible flag, C(actions) lists every argparse action of the dest
+      with its own flags, C(hidden) (help suppressed), C(deprecated), C(action) class, C(choices),
+      C(nargs), C(takes_value), C(default), C(const), C(type), C(negative_flags) (C(--no-x) of a
+      BooleanOptionalAction) and C(new_flag) (the replacement a deprecated action names).
+  returned: success
+  type: dict
+  sample:
+    speculative_draft_window_size:
+      flags: ["--speculative-draft-window-size"]
+      hidden: false
+      deprecated: false
+      choices: null
+      nargs: null
+      takes_value: true
+      default: null
+      actions:
+        - flags: ["--speculative-draft-window-size"]
+          hidden: false
+          deprecated: false
+          action: _StoreAction
+          choices: null
+          nargs: null
+          takes_value: true
+          default: null
+          const: null
+          type: int
+          negative_flags: []
+          new_flag: null
+algorithms:
+  description: Speculative algorithm names the build accepts (upper case as SGLang compares them).
+  returned: success
+  type: list
+  elements: str
+  sample: [DFLASH, UNO, DSPARK, EAGLE, EAGLE3, FROZEN_KV_MTP, STANDALONE, NGRAM, NEXTN]
+algorithm_source:
+  description: Where C(algorithms) came from (C(parser choices) or C(SpeculativeAlgorithm enum + registry)).
+  returned: success
+  type: str
+  sample: SpeculativeAlgorithm enum + registry
+cached:
+  description: True when the dump came from O(cache_dir) without importing SGLang.
+  returned: success
+  type: bool
+  sample: true
+cache_file:
+  description: Cache file for this installation (written only outside check mode).
+  returned: success
+  type: str
+  sample: /var/lib/sglang-deploy/capabilities/0.5.23-3f1c2a9b0d4e5f60-5b7e1c2d.json
+record_sha256:
+  description: sha256 of the installed distribution's RECORD (+ direct_url.json).
+  returned: success
+  type: str
+  sample: 3f1c2a9b0d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8
+warnings_during_dump:
+  description: Problems the dump script noticed but survived (for example a plugin that failed to load).
+  returned: success
+  type: list
+  elements: str
+  sample: []
+"""
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
+
+# Runs in the venv's python; imports nothing heavy. Prints the version and a hash of what is installed.
+PROBE_SCRIPT = r'''
+import hashlib, importlib.metadata, json, sys
+try:
+    dist = importlib.metadata.distribution("sglang")
+except importlib.metadata.PackageNotFoundError:
+    print("SGLANG_DEPLOY_RESULT " + json.dumps({"error": "sglang is not installed in " + sys.prefix}))
+    sys.exit(3)
+digest = hashlib.sha256()
+for name in ("RECORD", "direct_url.json"):
+    text = dist.read_text(name)
+    digest.update(name.encode() + b"\0" + (text or "").encode("utf-8", "surrogateescape") + b"\0")
+print("SGLANG_DEPLOY_RESULT " + json.dumps({
+    "version": dist.version,
+    "record_sha256": digest.hexdigest(),
+    "has_record": dist.read_text("RECORD") is not None,
+    "python": sys.version.split()[0],
+}))
+'''
+
+# Runs in the venv's python: builds the real parser like `sglang serve` and dumps it.
+DUMP_SCRIPT = r'''
+import argparse, contextlib, importlib.metadata, json, sys
+
+def jsonable(value):
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if value is argparse.SUPPRESS:
+        return None
+    return repr(value)
+
+def is_deprecated(action):
+    if type(action).__name__.startswith("Deprecated"):
+        return True
+    text = action.help if isinstance(action.help, str) else ""
+    return text.lstrip("([ ").lower().startswith("deprecated")
+
+warnings = []
+with contextlib.redirect_stdout(sys.stderr):
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:
+        load_plugins = None
+    if load_plugins is not None:
+        try:
+            load_plugins()
+        except Exception as exc:
+            warnings.append("load_plugins() failed: %s: %s" % (type(exc).__name__, exc))
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+
+options = {}
+for action in parser._actions:
+    if not action.option_strings or isinstance(action, argparse._HelpAction):
+        continue
+    negative = []
+    if isinstance(action, argparse.BooleanOptionalAction):
+        negative = [f for f in action.option_strings if f.startswith("--no-")]
+    entry = {
+        "flags": list(action.option_strings),
+        "hidden": action.help == argparse.SUPPRESS,
+        "deprecated": is_deprecated(action),
+        "action": type(action).__name__,
+        "choices": None if action.choices is None else [jsonable(c) for c in action.choices],
+        "nargs": jsonable(action.nargs),
+        "takes_value": action.nargs != 0,
+        "default": jsonable(action.default),
+        "const": jsonable(action.const),
+        "type": getattr(action.type, "__name__", repr(action.type)) if action.type is not None else None,
+        "negative_flags": negative,
+        "new_flag": getattr(action, "new_flag", None),
+    }
+    options.setdefault(action.dest, []).append(entry)
+
+merged = {}
+for dest, actions in options.items():
+    visible = [a for a in actions if not a["hidden"] and not a["deprecated"]]
+    primary = (visible or actions)[0]
+    flags = []
+    for a in visible:
+        flags.extend(f for f in a["flags"] if f not in a["negative_flags"] and f not in flags)
+    merged[dest] = {
+        "flags": flags,
+        "hidden": not any(not a["hidden"] for a in actions),
+        "deprecated": not visible,
+        "choices": primary["choices"],
+        "nargs": primary["nargs"],
+        "takes_value": primary["takes_value"],
+        "default": primary["default"],
+        "actions": actions,
+    }
+
+algorithms, source = [], ""
+algo_option = merged.get("speculative_algorithm")
+if algo_option and algo_option["choices"]:
+    algorithms = [str(c).upper() for c in algo_option["choices"]]
+    source = "parser choices"
+else:
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+            algorithms = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
+            source = "SpeculativeAlgorithm enum"
+        except Exception as exc:
+            warnings.append("SpeculativeAlgorithm not importable: %s: %s" % (type(exc).__name__, exc))
+        try:
+            from sglang.srt.speculative import spec_registry
+            extra = sorted(getattr(spec_registry, "_RESERVED_ALIASES", ()))
+            extra += sorted(getattr(spec_registry, "_REGISTRY", {}))
+            algorithms += [name for name in extra if name not in algorithms]
+            source += " + registry"
+        except ImportError:
+            pass
+
+result = {
+    "version": importlib.metadata.version("sglang"),
+    "options": merged,
+    "algorithms": algorithms,
+    "algorithm_source": source,
+    "warnings": warnings,
+}
+print("SGLANG_DEPLOY_RESULT " + json.dumps(result, sort_keys=True))
+'''
+
+SCRIPT_SHA256 = hashlib.sha256(DUMP_SCRIPT.encode()).hexdigest()
+_SAFE = re.compile(r'[^A-Za-z0-9._+-]')
+
+
+def parse_marked(stdout):
+    """The JSON object on the last ``SGLANG_DEPLOY_RESULT`` line of ``stdout``, or None."""
+    for line in reversed((stdout or '').splitlines()):
+        if line.startswith(RESULT_MARKER):
+            try:
+                return json.loads(line[len(RESULT_MARKER):])
+            except ValueError:
+                return None
+    return None
+
+
+def last_line(text):
+    lines = [ln.strip() for ln in (text or '').splitlines() if ln.strip()]
+    return lines[-1] if lines else ''
+
+
+def run_python(module, python, script, timeout, env=None):
+    """Run ``script`` in ``python`` (list form, LANG=C, $ not expanded), bounded by ``timeout``."""
+    environ = {'LANG': 'C', 'LC_ALL': 'C', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONUNBUFFERED': '1'}
+    environ.update(env or {})
+    # SIGALRM's default action ends the interpreter even inside a C extension import.
+    wrapped = f'import signal\nsignal.alarm({int(timeout)})\n' + script
+    return module.run_command([python, '-c', wrapped], environ_update=environ, cwd='/',
+                              expand_user_and_vars=False)
+
+
+def probe(module, python, timeout):
+    rc, out, err = run_python(module, python, PROBE_SCRIPT, timeout)
+    data = parse_marked(out)
+    if rc != 0 or not data or 'version' not in data:
+        reason = (data or {}).get('error') or last_line(err) or f'rc={rc}'
+        module.fail_json(msg=f'python {python}: cannot read the installed sglang metadata: {reason}',
+                         rc=rc, stderr=err)
+    return data
+
+
+def cache_path(cache_dir, meta):
+    version = _SAFE.sub('_', meta['version'])
+    name = f"{version}-{meta['record_sha256'][:16]}-{SCRIPT_SHA256[:8]}.json"
+    return os.path.join(cache_dir, name)
+
+
+def read_cache(path, meta):
+    try:
+        with open(path, encoding='utf-8') as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get('version') != meta['version'] \
+            or data.get('record_sha256') != meta['record_sha256'] or not data.get('options'):
+        return None
+    return data
+
+
+def write_cache(module, path, data):
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix='.capabilities-', suffix='.tmp', dir=directory)
+        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+            json.dump(data, handle, sort_keys=True)
+        os.chmod(tmp, 0o644)
+    except OSError as exc:
+        module.fail_json(msg=f'cache_dir {directory}: cannot write the capabilities cache: {exc}')
+    module.atomic_move(tmp, path)
+
+
+def discover(module, python, cache_dir, timeout):
+    meta = probe(module, python, timeout)
+    path = cache_path(cache_dir, meta)
+    cached = read_cache(path, meta)
+    if cached is not None:
+        return cached, True, path, meta
+    rc, out, err = run_python(module, python, DUMP_SCRIPT, timeout)
+    data = parse_marked(out)
+    if rc != 0 or not data:
+        reason = f'timed out after {timeout} s' if rc in (-14, 142) else last_line(err) or f'rc={rc}'
+        module.fail_json(msg=f'python {python}: building SGLang\'s parser failed: {reason}',
+                         rc=rc, stderr=err[-4000:])
+    if data.get('version') != meta['version']:
+        module.fail_json(msg=f"python {python}: sglang version changed during discovery "
+                             f"({meta['version']} -> {data.get('version')}); run again")
+    data['record_sha256'] = meta['record_sha256']
+    data['script_sha256'] = SCRIPT_SHA256
+    if not module.check_mode:
+        write_cache(module, path, data)
+    return data, False, path, meta
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type='path', required=True),
+            cache_dir=dict(type='path', default='/var/lib/sglang-deploy/capabilities'),
+            timeout=dict(type='int', default=300),
+        ),
+        supports_check_mode=True,
+    )
+    python = module.params['python']
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        module.fail_json(msg=f'python: {python} is not an executable file (is the SGLang venv installed?)')
+    if module.params['timeout'] < 1:
+        module.fail_json(msg='timeout: must be at least 1 second')
+    data, cached, path, meta = discover(module, python, module.params['cache_dir'], module.params['timeout'])
+    module.exit_json(
+        changed=False,
+        version=data['version'],
+        options=data['options'],
+        algorithms=data.get('algorithms', []),
+        algorithm_source=data.get('algorithm_source', ''),
+        cached=cached,
+        cache_file=path,
+        record_sha256=meta['record_sha256'],
+        warnings_during_dump=data.get('warnings', []),
+    )
+
+
+if __name__ == '__main__':
+    main()

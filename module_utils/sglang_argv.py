@@ -1,0 +1,527 @@
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Structured settings <-> SGLang argv, driven by the INSTALLED parser's capabilities.
+
+The ONE table of canonical settings lives here. A canonical key is the argparse ``dest`` of
+SGLang 0.5.23; ``ACCEPTED_DESTS`` lists, in preference order, the dests a build may use for
+the same setting (renames, fork spellings). ``capabilities`` is the return value of the
+``sglang_capabilities`` module: ``{'version', 'options': {dest: {...}}, 'algorithms': [...]}``.
+
+Pure functions, standard library only. Every error is a ``ValueError`` whose text starts with
+the setting or flag concerned.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import numbers
+
+# canonical key -> accepted dests, preferred first. A key not listed here accepts only itself.
+ACCEPTED_DESTS = {
+    # [#24664] added --speculative-draft-window-size; [#25424] made the old DFLASH-only name a
+    # hidden deprecated alias; [#38375] removed it (0.5.23 rejects it with exit 2).
+    # SGLang 0.5.11 has only the old dest, 0.5.12 both names on one action.
+    'speculative_draft_window_size': (
+        'speculative_draft_window_size',
+        'speculative_dflash_draft_window_size',
+    ),
+    # Not upstream. Rancy-Wang/sglang (ddtree, ddtree-v2) and open PR #29907:
+    # --speculative-ddtree-budget (dest speculative_ddtree_budget). The reference code
+    # liranringel/ddtree spells it --tree-budget.
+    'speculative_ddtree_budget': (
+        'speculative_ddtree_budget',
+        'tree_budget',
+    ),
+    # SGLang 0.5.11 stored the parallel sizes under the long flag's dest and copied them in
+    # ServerArgs.from_cli_args (args.tp_size = args.tensor_parallel_size, ...).
+    'tp_size': ('tp_size', 'tensor_parallel_size'),
+    'pp_size': ('pp_size', 'pipeline_parallel_size'),
+    'dp_size': ('dp_size', 'data_parallel_size'),
+    'ep_size': ('ep_size', 'expert_parallel_size'),
+    'attn_cp_size': ('attn_cp_size', 'attention_context_parallel_size'),
+    'moe_dp_size': ('moe_dp_size', 'moe_data_parallel_size'),
+    'speculative_draft_model_path': ('speculative_draft_model_path',),
+    'speculative_num_draft_tokens': ('speculative_num_draft_tokens',),
+    'speculative_dflash_block_size': ('speculative_dflash_block_size',),
+    'speculative_eagle_topk': ('speculative_eagle_topk',),
+    'speculative_num_steps': ('speculative_num_steps',),
+}
+
+# canonical key -> the OTHER spellings (the shape module_utils/sglang_serverargs.py uses).
+KEY_ALIASES = {key: dests[1:] for key, dests in ACCEPTED_DESTS.items() if len(dests) > 1}
+
+# Settings whose value SGLang upper-cases before looking it up.
+UPPERCASE_KEYS = frozenset({'speculative_algorithm'})
+
+# What to tell the operator when a setting has no flag in the installed build.
+MISSING_HINTS = {
+    'speculative_ddtree_budget': 'install a DDTree build (sglang_install_source: git)',
+    'speculative_draft_window_size': 'install SGLang with DFLASH support (0.5.11 or later)',
+}
+
+# Flags whose value is a secret: they may only come from secret_env, never as a plain value.
+SECRET_KEYS = frozenset({'api_key', 'admin_api_key', 'hf_token', 'ssl_keyfile_password'})
+
+_DEST_TO_CANONICAL = {
+    dest: key for key, dests in ACCEPTED_DESTS.items() for dest in dests
+}
+
+
+def accepted_dests(key):
+    """Dests that can carry canonical setting ``key``, preferred first."""
+    return ACCEPTED_DESTS.get(key, (key,))
+
+
+def canonical_key(dest):
+    """Canonical key of a parser dest (the dest itself when it has no alias)."""
+    return _DEST_TO_CANONICAL.get(dest, dest)
+
+
+def flag_spelling(dest):
+    """The conventional flag of a dest (``a_b`` -> ``--a-b``), for messages."""
+    return '--' + dest.replace('_', '-')
+
+
+def _version(capabilities):
+    return 'SGLang {}'.format(capabilities.get('version', '(unknown version)'))
+
+
+def _options(capabilities):
+    options = capabilities.get('options')
+    if not isinstance(options, dict) or not options:
+        raise ValueError('capabilities: no parser options (run sglang_capabilities first)')
+    return options
+
+
+def _visible_flags(option):
+    """Non-hidden, non-deprecated positive flags of a dest, best first."""
+    flags = []
+    for action in option.get('actions', ()):
+        if action.get('hidden') or action.get('deprecated'):
+            continue
+        for flag in action.get('flags', ()):
+            if flag not in action.get('negative_flags', ()) and flag not in flags:
+                flags.append(flag)
+    return flags
+
+
+def _preferred_action(option):
+    for action in option.get('actions', ()):
+        if not action.get('hidden') and not action.get('deprecated'):
+            return action
+    actions = option.get('actions') or [{}]
+    return actions[0]
+
+
+def flag_index(capabilities):
+    """{flag: (dest, action)} for every option string the parser knows."""
+    index = {}
+    for dest, option in _options(capabilities).items():
+        for action in option.get('actions', ()):
+            for flag in action.get('flags', ()):
+                index[flag] = (dest, action)
+    return index
+
+
+def resolve_setting(key, capabilities):
+    """(dest, flag, action) the installed parser uses for canonical ``key``.
+
+    Prefers the first accepted dest that has a visible flag; a dest reachable only through a
+    hidden/deprecated flag is used only when no accepted dest has a visible one.
+    Raises ValueError naming the setting, the version and the flags looked for.
+    """
+    options = _options(capabilities)
+    dests = accepted_dests(key)
+    fallback = None
+    for dest in dests:
+        option = options.get(dest)
+        if not option:
+            continue
+        visible = _visible_flags(option)
+        if visible:
+            return dest, visible[0], _preferred_action(option)
+        if fallback is None:
+            action = _preferred_action(option)
+            flags = [f for f in action.get('flags', ()) if f not in action.get('negative_flags', ())]
+            if flags:
+                fallback = (dest, flags[0], action)
+    if fallback is not None:
+        return fallback
+    looked = ', '.join(flag_spelling(d) for d in dests)
+    kind = 'tree-budget' if key == 'speculative_ddtree_budget' else 'matching'
+    hint = MISSING_HINTS.get(key)
+    raise ValueError(
+        '{}: {} has no {} flag (looked for {}){}'.format(
+            key, _version(capabilities), kind, looked, '; ' + hint if hint else '')
+    )
+
+
+def _check_text(name, text):
+    if '\n' in text or '\r' in text or '\x00' in text:
+        raise ValueError(f'{name}: value must not contain a newline or NUL character')
+    return text
+
+
+def _scalar_text(name, value):
+    if isinstance(value, bool):
+        raise ValueError(f'{name}: a boolean is not a valid value here (the flag takes a value)')
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
+    if isinstance(value, str):
+        return _check_text(name, value)
+    raise ValueError(f'{name}: value must be a string or a number, got {type(value).__name__}')
+
+
+def _algorithm_value(name, value, capabilities, action):
+    text = _scalar_text(name, value)
+    choices = action.get('choices')
+    if choices:
+        for choice in choices:
+            if str(choice).upper() == text.upper():
+                return str(choice)
+        raise ValueError(
+            '{}: {!r} is not accepted by {} (choices: {})'.format(
+                name, text, _version(capabilities), ', '.join(str(c) for c in choices))
+        )
+    algorithms = capabilities.get('algorithms') or []
+    if algorithms:
+        for algo in algorithms:
+            if algo.upper() == text.upper():
+                return algo
+        raise ValueError(
+            '{}: {!r} is not a speculative algorithm of {} (known: {})'.format(
+                name, text, _version(capabilities), ', '.join(algorithms))
+        )
+    return text.upper()
+
+
+def _value_tokens(name, dest, value, action, capabilities):
+    """argv tokens after the flag for ``value`` (validated against the parser's action)."""
+    if dest in UPPERCASE_KEYS or canonical_key(dest) in UPPERCASE_KEYS:
+        return [_algorithm_value(name, value, capabilities, action)]
+    nargs = action.get('nargs')
+    multi = nargs in ('+', '*') or (isinstance(nargs, int) and nargs > 1)
+    if isinstance(value, dict):
+        tokens = [_check_text(name, json.dumps(value, sort_keys=True, separators=(',', ':')))]
+    elif isinstance(value, (list, tuple)):
+        if not multi:
+            raise ValueError('{}: {} takes one value, got a list'.format(name, action.get('flags', ['?'])[0]))
+        if nargs == '+' and not value:
+            raise ValueError(f'{name}: needs at least one value')
+        tokens = [_scalar_text(name, v) for v in value]
+    else:
+        tokens = [_scalar_text(name, value)]
+    if isinstance(nargs, int) and nargs > 0 and len(tokens) != nargs:
+        raise ValueError(f'{name}: needs exactly {nargs} values, got {len(tokens)}')
+    choices = action.get('choices')
+    if choices:
+        allowed = [str(c) for c in choices]
+        for token in tokens:
+            if token not in allowed:
+                raise ValueError(
+                    '{}: {!r} is not accepted by {} (choices: {})'.format(
+                        name, token, _version(capabilities), ', '.join(allowed))
+                )
+    for token in tokens:
+        if token.startswith('-') and not _looks_numeric(token):
+            raise ValueError(f'{name}: value {token!r} starts with "-" and would be read as a flag')
+    return tokens
+
+
+def _looks_numeric(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _typed(value, action):
+    """Value as the parser's type would store it (int/float), for ``managed``."""
+    kind = action.get('type')
+    if isinstance(value, (list, tuple)):
+        return [_typed(v, action) for v in value]
+    if isinstance(value, str) and kind in ('int', 'float'):
+        try:
+            return int(value) if kind == 'int' else float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _bool_tokens(name, flag, value, action, capabilities):
+    if not isinstance(value, bool):
+        raise ValueError(f'{name}: {flag} is a switch; the value must be true or false, got {value!r}')
+    if value:
+        if action.get('action') in ('_StoreFalseAction',):
+            raise ValueError(f'{name}: {flag} turns the setting off; cannot set it to true')
+        return [flag]
+    default = action.get('default')
+    negative = action.get('negative_flags') or []
+    if default is False or (default is None and not negative):
+        return []
+    if negative:
+        return [negative[0]]
+    raise ValueError(
+        f'{name}: must be false, but {_version(capabilities)} defaults it to {default!r} '
+        f'and has no flag to turn it off (only {flag})'
+    )
+
+
+def _check_dflash_aliases(settings):
+    algo = settings.get('speculative_algorithm')
+    if not isinstance(algo, str) or algo.upper() != 'DFLASH':
+        return
+    block = settings.get('speculative_dflash_block_size')
+    tokens = settings.get('speculative_num_draft_tokens')
+    if block is not None and tokens is not None and int(block) != int(tokens):
+        raise ValueError(
+            f'speculative_dflash_block_size: {block} differs from speculative_num_draft_tokens {tokens}; '
+            'for DFLASH '
+            'they are aliases and SGLang refuses different values'
+        )
+
+
+def _replacement_for(flag, capabilities, index):
+    """For an unknown/deprecated flag: the flag the installed parser wants instead, or None."""
+    entry = index.get(flag)
+    if entry is not None:
+        replacement = entry[1].get('new_flag')
+        if replacement:
+            return replacement
+        dest = entry[0]
+    else:
+        dest = flag.lstrip('-').replace('-', '_')
+    key = canonical_key(dest)
+    if key == dest and dest not in ACCEPTED_DESTS:
+        return None
+    try:
+        return resolve_setting(key, capabilities)[1]
+    except ValueError:
+        return None
+
+
+def _unknown_flag_error(name, flag, capabilities, index):
+    replacement = _replacement_for(flag, capabilities, index)
+    if replacement and replacement != flag:
+        return ValueError(
+            f'{name}: {_version(capabilities)} does not accept {flag} '
+            f'(renamed: use {replacement}, or the matching role setting)'
+        )
+    close = difflib.get_close_matches(flag, list(index), n=3, cutoff=0.75)
+    suggestion = ' (did you mean {}?)'.format(', '.join(close)) if close else ''
+    return ValueError(f'{name}: {_version(capabilities)} does not accept {flag}{suggestion}')
+
+
+def build_argv(settings, capabilities, extra_args=None, secret_env=None):
+    """Settings (canonical key -> value) -> (argv, managed).
+
+    ``argv`` holds only SGLang's arguments (no launcher). ``managed`` maps canonical keys (and
+    the dests of extra args) to the value SGLang will parse; secrets appear only as
+    ``${ENVVAR}``. None values are omitted. Raises ValueError naming the setting.
+    """
+    settings = dict(settings or {})
+    secret_env = dict(secret_env or {})
+    extra_args = list(extra_args or [])
+    _options(capabilities)
+    _check_dflash_aliases(settings)
+    index = flag_index(capabilities)
+
+    argv = []
+    managed = {}
+    used_dests = {}
+    algo = settings.get('speculative_algorithm')
+    for key in sorted(settings, key=_setting_order):
+        value = settings[key]
+        if value is None:
+            continue
+        if key in SECRET_KEYS and key not in secret_env:
+            raise ValueError(f'{key}: a secret must be passed through secret_env (an environment variable), '
+                             'never as a plain value in ExecStart')
+        if key == 'speculative_dflash_block_size':
+            dest, flag, action = _resolve_block_size(key, algo, capabilities)
+        else:
+            dest, flag, action = resolve_setting(key, capabilities)
+        if dest in used_dests:
+            raise ValueError(f'{key}: maps to the same SGLang option ({flag}) as {used_dests[dest]}')
+        used_dests[dest] = key
+        if key in secret_env:
+            env = secret_env[key]
+            if not isinstance(env, str) or not env.replace('_', 'A').isalnum() or env[0].isdigit():
+                raise ValueError(f'{key}: secret_env name {env!r} is not a valid environment variable name')
+            placeholder = f'${{{env}}}'
+            argv.extend([flag, placeholder])
+            managed[key] = placeholder
+            continue
+        if not action.get('takes_value', True):
+            tokens = _bool_tokens(key, flag, value, action, capabilities)
+            argv.extend(tokens)
+            if tokens or value is False:
+                managed[key] = value
+            continue
+        tokens = _value_tokens(key, dest, value, action, capabilities)
+        argv.append(flag)
+        argv.extend(tokens)
+        if dest in UPPERCASE_KEYS or key in UPPERCASE_KEYS:
+            managed[key] = tokens[0]
+        else:
+            managed[key] = _typed(value, action)
+
+    for position, item in enumerate(extra_args):
+        _add_extra(position, item, capabilities, index, used_dests, argv, managed)
+    return argv, managed
+
+
+def _setting_order(key):
+    # model first (readable ExecStart), then the rest alphabetically: a stable argv is what
+    # makes the unit, the preflight cache and the verifier idempotent.
+    return (key != 'model_path', key)
+
+
+def _resolve_block_size(key, algo, capabilities):
+    try:
+        return resolve_setting(key, capabilities)
+    except ValueError:
+        if isinstance(algo, str) and algo.upper() == 'DFLASH':
+            # --speculative-dflash-block-size is an alias of --speculative-num-draft-tokens for DFLASH.
+            return resolve_setting('speculative_num_draft_tokens', capabilities)
+        raise
+
+
+def _add_extra(position, item, capabilities, index, used_dests, argv, managed):
+    name = f'extra_args[{position}]'
+    if not isinstance(item, dict) or 'arg' not in item:
+        raise ValueError(f'{name}: must be a mapping with "arg" (and "value" unless it is a switch)')
+    unknown = set(item) - {'arg', 'value'}
+    if unknown:
+        raise ValueError('{}: unknown keys {} (only arg and value)'.format(name, ', '.join(sorted(unknown))))
+    flag = item['arg']
+    if not isinstance(flag, str) or not flag.startswith('--') or '=' in flag:
+        raise ValueError(f'{name}: arg must be a long flag like "--max-running-requests", got {flag!r}')
+    _check_text(name, flag)
+    name = f'{name} ({flag})'
+    entry = index.get(flag)
+    if entry is None:
+        raise _unknown_flag_error(name, flag, capabilities, index)
+    dest, action = entry
+    if action.get('hidden') or action.get('deprecated'):
+        replacement = _replacement_for(flag, capabilities, index)
+        raise ValueError(
+            '{}: {} marks {} as deprecated/hidden{}'.format(
+                name, _version(capabilities), flag,
+                f'; use {replacement}' if replacement and replacement != flag else '')
+        )
+    key = canonical_key(dest)
+    if key in SECRET_KEYS:
+        raise ValueError(f'{name}: secrets cannot be extra args (they would be readable in the unit); '
+                         f'use the role setting for {key}')
+    if dest in used_dests:
+        raise ValueError(
+            f'{name}: duplicates the managed setting {used_dests[dest]}; set it there, not as an extra arg')
+    for other in accepted_dests(key):
+        if other in used_dests:
+            raise ValueError(f'{name}: duplicates the managed setting {used_dests[other]}')
+    used_dests[dest] = name
+    value = item.get('value')
+    if not action.get('takes_value', True):
+        if value not in (None, True):
+            raise ValueError(f'{name}: is a switch and takes no value (got {value!r})')
+        argv.append(flag)
+        negative = flag in (action.get('negative_flags') or ())
+        if action.get('action') == '_StoreFalseAction' or negative:
+            managed[key] = False
+        elif action.get('action') == '_StoreConstAction':
+            managed[key] = action.get('const')
+        else:
+            managed[key] = True
+        return
+    if value is None:
+        raise ValueError(f'{name}: needs a value')
+    tokens = _value_tokens(name, dest, value, action, capabilities)
+    argv.append(flag)
+    argv.extend(tokens)
+    managed[key] = _typed(value if isinstance(value, (list, tuple)) else tokens[0], action)
+
+
+def flag_to_key(argv, capabilities):
+    """Parse an SGLang argv (no launcher) into {canonical key: value}.
+
+    Understands ``--flag value``, ``--flag=value``, switches (``--no-x`` of a
+    BooleanOptionalAction gives False), multi-value options and argparse's unique-prefix
+    abbreviations. int/float options are converted. Raises ValueError on an unknown or
+    ambiguous flag or on a missing value.
+    """
+    index = flag_index(capabilities)
+    longs = sorted(f for f in index if f.startswith('--'))
+    result = {}
+    i = 0
+    argv = [str(a) for a in argv]
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith('-') or token == '-':
+            raise ValueError(f'argv: unexpected positional {token!r}')
+        flag, eq, inline = token.partition('=')
+        entry = index.get(flag)
+        if entry is None and flag.startswith('--'):
+            matches = [f for f in longs if f.startswith(flag)]
+            if len(matches) == 1:
+                flag = matches[0]
+                entry = index[flag]
+            elif len(matches) > 1:
+                raise ValueError('argv: {} is ambiguous ({})'.format(flag, ', '.join(matches[:5])))
+        if entry is None:
+            raise ValueError(f'argv: unknown flag {flag}')
+        dest, action = entry
+        key = canonical_key(dest)
+        if not action.get('takes_value', True):
+            if eq:
+                raise ValueError(f'argv: {flag} takes no value')
+            if flag in (action.get('negative_flags') or ()) or action.get('action') == '_StoreFalseAction':
+                result[key] = False
+            elif action.get('action') in ('_StoreConstAction', 'DeprecatedStoreConstAction'):
+                result[key] = action.get('const')
+            else:
+                result[key] = True
+            continue
+        nargs = action.get('nargs')
+        if eq:
+            values = [inline]
+        elif nargs in ('+', '*') or (isinstance(nargs, int) and nargs > 1):
+            values = []
+            limit = nargs if isinstance(nargs, int) else None
+            while (i < len(argv) and _is_value_token(argv[i], index)
+                   and (limit is None or len(values) < limit)):
+                values.append(argv[i])
+                i += 1
+            if nargs == '+' and not values or (limit is not None and len(values) != limit):
+                raise ValueError(f'argv: {flag} needs a value')
+        elif nargs == '?':
+            values = []
+            if i < len(argv) and _is_value_token(argv[i], index):
+                values.append(argv[i])
+                i += 1
+        else:
+            if i >= len(argv) or not _is_value_token(argv[i], index):
+                raise ValueError(f'argv: {flag} needs a value')
+            values = [argv[i]]
+            i += 1
+        typed = [_typed(v, action) for v in values]
+        multi = nargs in ('+', '*') or (isinstance(nargs, int) and nargs > 1)
+        value = action.get('const') if nargs == '?' and not typed else typed if multi else typed[0]
+        if action.get('action') == '_AppendAction':
+            result.setdefault(key, []).append(value)
+        else:
+            result[key] = value
+    return result
+
+
+def _is_value_token(token, index):
+    if not token.startswith('-') or token == '-':
+        return True
+    if _looks_numeric(token):
+        return True
+    return token.partition('=')[0] not in index and not token.startswith('--')
