@@ -1,0 +1,131 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_argv
+short_description: Build the SGLang argv from structured settings and the installed parser's capabilities
+description:
+  - Turns structured settings (canonical keys = SGLang 0.5.23 argparse dests) into the argument list of
+    C(sglang serve), using the flags the INSTALLED build's parser has (see M(sglang_capabilities)).
+    Renamed options map to whatever spelling the build has (for example the draft window is
+    C(--speculative-draft-window-size) on 0.5.23 and C(--speculative-dflash-draft-window-size) on 0.5.11).
+  - Fails, naming the setting and the SGLang version, when the build cannot express a setting, when a
+    value is not one of the parser's choices, and when an extra arg is unknown to the parser, deprecated,
+    or duplicates a managed setting.
+  - Secrets never appear in the argv; a setting listed in O(secret_env) becomes C(${ENVVAR}), which
+    systemd expands from the unit's EnvironmentFile.
+  - Pure computation; nothing on the host is read or written.
+version_added: "0.1.0"
+options:
+  settings:
+    description: Canonical key -> value. None values are omitted; booleans become switches.
+    type: dict
+    default: {}
+  extra_args:
+    description:
+      - Additional flags, each a mapping with C(arg) (the flag, for example C(--max-running-requests))
+        and C(value); omit C(value) for a switch.
+    type: list
+    elements: dict
+    default: []
+  capabilities:
+    description:
+      - The registered result of M(sglang_capabilities) (needs C(version), C(options), C(algorithms)).
+    type: dict
+    required: true
+  secret_env:
+    description:
+      - Canonical key -> environment variable that holds its value
+        (for example C(api_key) -> C(SGLANG_API_KEY)).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - contributors to this repository
+"""
+
+EXAMPLES = r"""
+- name: Build the SGLang argv
+  sglang_argv:
+    settings:
+      model_path: /srv/models/kimi-k2.6
+      tp_size: 8
+      speculative_algorithm: DFLASH
+      speculative_draft_model_path: /srv/models/kimi-k2.6-dflash
+      speculative_draft_window_size: 2048
+      api_key: "{{ sglang_api_key is defined }}"
+    secret_env:
+      api_key: SGLANG_API_KEY
+    extra_args:
+      - arg: --max-running-requests
+        value: 32
+    capabilities: "{{ __sglang_capabilities }}"
+  register: __sglang_argv
+"""
+
+RETURN = r"""
+argv:
+  description: Arguments after C(sglang serve), secrets as C(${ENVVAR}).
+  returned: success
+  type: list
+  elements: str
+  sample:
+    ["--model-path", "/srv/models/kimi-k2.6", "--speculative-draft-window-size", "2048", "--tp-size", "8"]
+managed:
+  description: Canonical key -> value SGLang will parse (extra args keyed by their canonical dest).
+  returned: success
+  type: dict
+  sample: {"model_path": "/srv/models/kimi-k2.6", "speculative_draft_window_size": 2048, "tp_size": 8}
+display_argv:
+  description: The argv as one shell-quoted line, redacted, for logs and messages.
+  returned: success
+  type: str
+  sample: --model-path /srv/models/kimi-k2.6 --api-key '${SGLANG_API_KEY}'
+"""
+
+import shlex
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_argv import build_argv
+from ansible.module_utils.sglang_redact import redact_argv
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            settings=dict(type='dict', default={}),
+            extra_args=dict(type='list', elements='dict', default=[]),
+            capabilities=dict(type='dict', required=True),
+            secret_env=dict(type='dict', default={}),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    settings = params['settings']
+    secret_env = params['secret_env']
+    # The secret's value (if the caller passed it) must never come back in any output.
+    secret_values = [str(settings[k]) for k in secret_env
+                     if isinstance(settings.get(k), str) and settings.get(k)]
+    for value in secret_values:
+        module.no_log_values.add(value)
+    try:
+        argv, managed = build_argv(settings, params['capabilities'], params['extra_args'], secret_env)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(
+        changed=False,
+        argv=argv,
+        managed=managed,
+        display_argv=shlex.join(redact_argv(argv, secret_values)),
+    )
+
+
+if __name__ == '__main__':
+    main()
