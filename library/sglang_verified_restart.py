@@ -202,7 +202,6 @@ journal:
   elements: str
 """
 
-import json
 import re
 import threading
 import time
@@ -210,6 +209,7 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_journal import message_text, parse_json_lines, select_invocation
 from ansible.module_utils.sglang_proc import (
     boottime_offset_us,
     cgroup_of,
@@ -220,6 +220,7 @@ from ansible.module_utils.sglang_proc import (
     pids_of_inode,
     start_time_us,
 )
+from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_systemd import (
     CLD_CODES,
     RESTART_PROPERTIES,
@@ -262,6 +263,7 @@ def _sleep(seconds):
 
 def redact(text, secrets=()):
     """Remove secret values (the literal ones we know, and anything that looks like key=value)."""
+    text = redact_text(text, secrets)
     for secret in secrets:
         if secret:
             text = text.replace(secret, "********")
@@ -322,70 +324,46 @@ class HealthProbe:
         return self._thread is not None and self._thread.is_alive()
 
 
-def _message_text(value):
-    if isinstance(value, list):  # journald exports non-UTF-8 messages as byte arrays
-        return bytes(value).decode("utf-8", "replace")
-    return value if isinstance(value, str) else ""
-
-
 def journal_entries(module, unit, invocation_id, main_pid, start_us, count, sync=False):
     """Journal lines of ONE invocation, oldest first, as dicts with t_us/pid/message/systemd.
 
     Matches the invocation's own output (``_SYSTEMD_INVOCATION_ID``), systemd's messages about it
-    (``INVOCATION_ID`` + ``UNIT``) and, because lines of a process that exits fast can lose their
-    unit tags, lines of its main PID logged after it started (``_PID``, this boot).
+    (``INVOCATION_ID``: "Main process exited, code=...") and, because lines of a process that exits
+    fast can lose their unit tags, lines of its main PID logged after it started (``_PID``, this
+    boot). Selection is ``sglang_journal.select_invocation``.
     """
     journalctl = module.get_bin_path("journalctl")
     if not journalctl or not invocation_id:
         return []
-    env = {"LANG": "C", "LC_ALL": "C"}
+    env = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
     if sync:
         module.run_command([journalctl, "--sync"], environ_update=env)
-    cmd = [
-        journalctl,
-        "--no-pager",
-        "-o",
-        "json",
-        "-b",
-        "-n",
-        str(max(count, 1) * 4),
-        f"_SYSTEMD_INVOCATION_ID={invocation_id}",
-        "+",
-        f"INVOCATION_ID={invocation_id}",
-    ]
+    cmd = [journalctl, "--no-pager", "-o", "json", "--all", "-b", "-n", str(max(count, 1) * 4)]
+    cmd += [f"_SYSTEMD_INVOCATION_ID={invocation_id}", "+", f"INVOCATION_ID={invocation_id}"]
     if main_pid:
         cmd += ["+", f"_PID={main_pid}"]
     rc, out, _err = module.run_command(cmd, environ_update=env)
     if rc != 0:
         return []
+    raw, _bad = parse_json_lines(out)
+    since = start_us - START_TOLERANCE_US if start_us else None
+    selected = select_invocation(raw, invocation_id, [main_pid] if main_pid else (), since_monotonic_us=since)
     entries = []
-    for line in out.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        t_us = as_int(entry.get("__MONOTONIC_TIMESTAMP"))
-        own = entry.get("_SYSTEMD_INVOCATION_ID") == invocation_id
-        about = entry.get("INVOCATION_ID") == invocation_id and entry.get("UNIT") == unit
-        by_pid = (
-            main_pid
-            and entry.get("_PID") == str(main_pid)
-            and entry.get("_PID") != "1"
-            and start_us
-            and t_us >= start_us - START_TOLERANCE_US
+    for entry in selected:
+        about = entry.get("_PID") == "1" or (
+            entry.get("INVOCATION_ID") and entry.get("_SYSTEMD_INVOCATION_ID") != invocation_id
         )
-        if not (own or about or by_pid):
+        if about and entry.get("UNIT") not in (None, unit):
             continue
         entries.append(
             {
-                "t_us": t_us,
+                "t_us": as_int(entry.get("__MONOTONIC_TIMESTAMP")),
                 "pid": entry.get("_PID"),
-                "systemd": about and not own,
-                "message": _message_text(entry.get("MESSAGE")),
+                "systemd": bool(about),
+                "message": message_text(entry.get("MESSAGE")),
                 "fields": entry,
             }
         )
-    entries.sort(key=lambda e: e["t_us"])
     return entries
 
 
@@ -409,6 +387,9 @@ def latest_phase(entries, secrets):
 
 def exit_from_journal(entries, main_pid):
     """EXIT_CODE/EXIT_STATUS of systemd's 'Main process exited' message for this invocation."""
+    result = next(
+        (e["fields"]["UNIT_RESULT"] for e in reversed(entries) if e["fields"].get("UNIT_RESULT")), None
+    )
     for entry in reversed(entries):
         fields = entry["fields"]
         if (
@@ -419,6 +400,8 @@ def exit_from_journal(entries, main_pid):
                 "code": fields.get("EXIT_CODE"),
                 "status": fields.get("EXIT_STATUS"),
                 "source": "journal",
+                "result": result,
+                "t_us": entry["t_us"],
                 "message": entry["message"],
             }
     return None
@@ -605,6 +588,8 @@ class Verifier:
             exit_info.setdefault("result", props.get("Result") if same else None)
         lived = None
         exit_us = monotonic_us(props.get("ExecMainExitTimestampMonotonic")) if same else None
+        exit_us = exit_us or exit_info.pop("t_us", None)
+        exit_info.pop("t_us", None)
         if exit_us and b.get("start_us"):
             lived = round((exit_us - b["start_us"]) / 1e6, 3)
         crash_loop = restarts_on_failure(props) and (
@@ -653,7 +638,17 @@ class Verifier:
         if foreign:
             msg += " " + self.foreign_text(foreign)
         msg += ' Last journal lines of this invocation are in "journal".'
-        self.fail(msg, entries=entries, exit=exit_info, crash_loop=crash_loop, died_after=lived)
+        # How long after the death this verdict came (the bound the tests and the lab measure).
+        detected = round((_now_us() - exit_us) / 1e6, 3) if exit_us else None
+        self.fail(
+            msg,
+            entries=entries,
+            exit=exit_info,
+            crash_loop=crash_loop,
+            died_after=lived,
+            died_monotonic_us=exit_us,
+            detected_after_death=detected,
+        )
 
     def foreign_text(self, foreign):
         parts = []
@@ -943,10 +938,10 @@ def main():
             "and run systemctl daemon-reload first"
         )
     elif needs_daemon_reload(props):
+        files = " ".join(p for p in (props.get("FragmentPath"), props.get("DropInPaths")) if p)
         problems.append(
-            f"{unit}: NeedDaemonReload=yes — {props.get('FragmentPath')} (or a drop-in in "
-            f"{props.get('DropInPaths') or 'none'}) changed on disk since systemd loaded it; a restart "
-            "would run the OLD definition. Run systemctl daemon-reload first (P7)"
+            f"{unit}: NeedDaemonReload=yes - the unit file(s) {files} changed on disk since systemd loaded "
+            "them; a restart would run the OLD definition. Run systemctl daemon-reload first (P7)"
         )
     if params["restart"]:
         active = props.get("ActiveState")
