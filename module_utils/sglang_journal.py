@@ -81,10 +81,12 @@ def _norm_id(invocation_id):
 def _sort_key(entry):
     # Monotonic time only orders entries of the same boot; the realtime stamp breaks ties and
     # orders across boots; the cursor string keeps the order stable for equal stamps.
-    return (entry.get('_BOOT_ID') or '',
-            _int(entry.get('__MONOTONIC_TIMESTAMP'), 0),
-            _int(entry.get('__REALTIME_TIMESTAMP'), 0),
-            entry.get('__CURSOR') or '')
+    return (
+        entry.get('_BOOT_ID') or '',
+        _int(entry.get('__MONOTONIC_TIMESTAMP'), 0),
+        _int(entry.get('__REALTIME_TIMESTAMP'), 0),
+        entry.get('__CURSOR') or '',
+    )
 
 
 def select_invocation(entries, invocation_id, pids=(), since_monotonic_us=None, boot_id=None):

@@ -14,28 +14,32 @@ import re
 REDACTED = '<redacted>'
 
 # Exact key names that hold secrets (SGLang dests and our own settings).
-SECRET_KEYS = frozenset({
-    'api_key',
-    'admin_api_key',
-    'hf_token',
-    'token',
-    'password',
-    'secret',
-    'ssl_keyfile_password',
-    'watermark_key',
-    'watermark_key_b',
-    'sglang_api_key',
-    'authorization',
-})
+SECRET_KEYS = frozenset(
+    {
+        'api_key',
+        'admin_api_key',
+        'hf_token',
+        'token',
+        'password',
+        'secret',
+        'ssl_keyfile_password',
+        'watermark_key',
+        'watermark_key_b',
+        'sglang_api_key',
+        'authorization',
+    }
+)
 SECRET_SUFFIXES = ('_token', '_secret', '_password', '_api_key')
 
 # argv flags whose VALUE is a secret (``--flag VALUE`` and ``--flag=VALUE``).
-SECRET_FLAGS = frozenset({
-    '--api-key',
-    '--admin-api-key',
-    '--hf-token',
-    '--ssl-keyfile-password',
-})
+SECRET_FLAGS = frozenset(
+    {
+        '--api-key',
+        '--admin-api-key',
+        '--hf-token',
+        '--ssl-keyfile-password',
+    }
+)
 
 # An unexpanded systemd/shell reference such as ``${SGLANG_API_KEY}`` or ``$SGLANG_API_KEY``
 # is not a secret itself and stays readable: it says where the secret comes from.
@@ -127,13 +131,16 @@ def redact_text(text, secret_values=()):
 
 
 _FLAG_IN_TEXT = re.compile(
-    r'(?P<flag>' + '|'.join(re.escape(f) for f in sorted(SECRET_FLAGS, key=len, reverse=True))
-    + r')(?P<sep>=|\s+)(?P<value>[^\s\'",)]+)')
+    r'(?P<flag>'
+    + '|'.join(re.escape(f) for f in sorted(SECRET_FLAGS, key=len, reverse=True))
+    + r')(?P<sep>=|\s+)(?P<value>[^\s\'",)]+)'
+)
 _BEARER = re.compile(r'(Bearer\s+)[^\s\'",]+')
 # 'api_key': 'X' (dict repr) and api_key='X' (dataclass repr) inside a log line.
 _KEY_IN_REPR = re.compile(
     r"""(?P<prefix>['"]?(?P<key>[A-Za-z_]*(?:api_key|_token|_secret|_password|hf_token))['"]?\s*[:=]\s*)"""
-    r"""(?P<q>['"])(?P<value>[^'"]*)(?P=q)""")
+    r"""(?P<q>['"])(?P<value>[^'"]*)(?P=q)"""
+)
 
 
 def _flag_sub(match):

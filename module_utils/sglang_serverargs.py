@@ -97,6 +97,7 @@ def find_server_args_line(messages):
 # ---------------------------------------------------------------------------------------------
 # parsing
 
+
 def _value_of(node, source):
     try:
         return ast.literal_eval(node)
@@ -172,20 +173,21 @@ def parse_server_args(text):
     """
     if not isinstance(text, str) or MARKER not in text:
         raise ServerArgsParseError('no "server_args=" in the message')
-    body = text[text.index(MARKER) + len(MARKER):].strip()
+    body = text[text.index(MARKER) + len(MARKER) :].strip()
     if body.startswith('{'):
         form, open_at = 'dict', 1
     elif body.startswith('ServerArgs('):
         form, open_at = 'dataclass', len('ServerArgs(')
     else:
         raise ServerArgsParseError(
-            f'server_args= is followed by neither "{{" nor "ServerArgs(": {body[:40]!r}')
+            f'server_args= is followed by neither "{{" nor "ServerArgs(": {body[:40]!r}'
+        )
     items, closed = _split_top_level(body, open_at)
     end = None
     if closed:
         # position of the closing bracket: re-scan is cheap and keeps the splitter simple
         end = _closing_index(body, open_at)
-    whole = body[:end + 1] if end is not None else body
+    whole = body[: end + 1] if end is not None else body
     try:
         tree = ast.parse(whole, mode='eval').body
     except SyntaxError:
@@ -239,7 +241,8 @@ def _closing_index(text, open_at):
 _RUNNER = re.compile(
     r'Initialized DFLASH draft runner\. attention_backend=(?P<attention_backend>[^,]*), '
     r'model=(?P<model>[^,]*), block_size=(?P<block_size>[^,]*), '
-    r'draft_window_size=(?P<draft_window_size>[^,]*), compact_cache=(?P<compact_cache>\S*)')
+    r'draft_window_size=(?P<draft_window_size>[^,]*), compact_cache=(?P<compact_cache>\S*)'
+)
 
 
 def parse_dflash_runner(message):
@@ -263,6 +266,7 @@ def parse_dflash_runner(message):
 
 # ---------------------------------------------------------------------------------------------
 # argv
+
 
 def flag_to_key(flag, flag_dests=None):
     """``--foo-bar`` -> ``('foo_bar', True)``; ``--no-foo`` (BooleanOptionalAction) -> ``('foo', False)``.
@@ -378,7 +382,9 @@ def show_value(key, value):
         return REDACTED
     if value is None:
         return 'None'
-    return repr(value) if isinstance(value, str) else str(value)
+    if isinstance(value, str) and not (_INT.match(value) or _FLOAT.match(value)):
+        return repr(value)
+    return str(value)
 
 
 def compare(expected, reported, source='', absent_is_none=True):
@@ -401,6 +407,5 @@ def compare(expected, reported, source='', absent_is_none=True):
             continue
         if not values_equal(key, want, got):
             label = key if name == key else f'{key} (as {name})'
-            diffs.append(f'{label}: expected {show_value(key, want)}, '
-                         f'running {show_value(key, got)}{suffix}')
+            diffs.append(f'{label}: expected {show_value(key, want)}, running {show_value(key, got)}{suffix}')
     return diffs

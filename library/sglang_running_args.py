@@ -1,0 +1,414 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_running_args
+short_description: Assert that the running SGLang server uses the intended arguments
+description:
+  - Reads the arguments of the CURRENT invocation of the SGLang unit from three sources and
+    compares every managed key with O(expected) (property P3), alias-aware
+    (C(speculative_dflash_draft_window_size) satisfies C(speculative_draft_window_size)).
+  - "Sources: C(GET /server_info) (falls back to C(/get_server_info) on 404, older servers);
+    the C(server_args=) startup line of THIS invocation in the journal
+    (C(journalctl -o json --all _SYSTEMD_INVOCATION_ID=<id> + _PID=<MainPID>); C(-u UNIT) is never
+    used, lines of older runs are ignored, property P2); and C(/proc/<MainPID>/cmdline)."
+  - Only a C(server_args=) line logged by the unit's MainPID counts: a process left over from an
+    older run (C(KillMode=process)) logs with the NEW invocation's id (recorded on systemd 252).
+  - Window evidence when O(expected) sets C(speculative_draft_window_size) - fails when SGLang
+    logged that it ignores the window (C(--speculative-draft-window-size has no effect with ...),
+    C(Ignoring --speculative-draft-window-size=...)), when the algorithm never honours a window,
+    and when the C(Initialized DFLASH draft runner) line reports another C(draft_window_size).
+  - Read-only; runs fully in check mode. Secrets (O(api_key), O(secret_values), and every value
+    of a secret key found in any source) never appear in the result (P13).
+version_added: "0.1.0"
+author: sglang-deploy contributors
+options:
+  host:
+    description: Address the server listens on, as used by the HTTP client.
+    type: str
+    default: 127.0.0.1
+  port:
+    description: HTTP port of the server.
+    type: int
+    required: true
+  api_key:
+    description: Bearer key when the server runs with C(--api-key).
+    type: str
+  unit:
+    description: systemd unit of the server.
+    type: str
+    default: sglang.service
+  invocation_id:
+    description:
+      - InvocationID the caller verified (e.g. from M(sglang_verified_restart)). When given and
+        the unit now runs another invocation, the module fails (the server restarted meanwhile).
+      - Default is the unit's current C(InvocationID) read with C(systemctl show).
+    type: str
+  expected:
+    description:
+      - Canonical key (SGLang 0.5.23 argparse dest) -> intended value, i.e. the C(managed) return
+        of M(sglang_argv). Values may be strings as in argv (C("2048") equals C(2048)).
+    type: dict
+    required: true
+  require_window:
+    description:
+      - Fail unless the draft window is demonstrably in effect - algorithm DFLASH and the
+        C(Initialized DFLASH draft runner) line of this invocation reports the expected window.
+    type: bool
+    default: false
+  secret_values:
+    description: Literal secret values to scrub from every returned string.
+    type: list
+    elements: str
+    default: []
+  flag_dests:
+    description:
+      - argparse flag -> dest map of the installed SGLang (e.g. from M(sglang_capabilities)), to
+        read C(/proc/<pid>/cmdline) exactly. Without it C(--foo-bar) is read as C(foo_bar) plus
+        the 0.5.23 aliases built into module_utils/sglang_serverargs.py.
+    type: dict
+  timeout:
+    description: Seconds for each HTTP request.
+    type: float
+    default: 10
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+notes:
+  - Needs root (or the systemd-journal group) to read the unit's journal and C(journalctl --sync).
+'''
+
+EXAMPLES = r'''
+- name: Assert the running server uses the deployed arguments
+  sglang_running_args:
+    port: "{{ sglang_port }}"
+    api_key: "{{ sglang_api_key | default(omit) }}"
+    unit: sglang.service
+    invocation_id: "{{ __sglang_restart.invocation_id }}"
+    expected: "{{ __sglang_argv.managed }}"
+    require_window: "{{ sglang_speculative_draft_window_size is not none }}"
+    secret_values: "{{ [sglang_api_key] if sglang_api_key else [] }}"
+  no_log: false
+'''
+
+RETURN = r'''
+reported:
+  description: Managed keys as each source reports them (secrets redacted); sources absent on failure to read.
+  returned: always
+  type: dict
+  sample:
+    server_info: {"speculative_draft_window_size": 2048}
+    journal: {"speculative_draft_window_size": 2048}
+    cmdline: {"speculative_draft_window_size": "2048"}
+diff:
+  description: One line per disagreement, C(key: expected X, running Y (source)).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "speculative_draft_window_size: expected 2048, running None (journal server_args, invocation 5f67...)"
+source:
+  description: HTTP endpoint that answered.
+  returned: always
+  type: str
+  sample: /server_info
+evidence:
+  description: What was read - invocation, MainPID, journal lines used and ignored, runner line, warnings.
+  returned: always
+  type: dict
+  sample: {"invocation_id": "5f67eaa332b14ce095abdbeeeb5c0407", "main_pid": 98, "server_args_form": "dict",
+           "runner": {"draft_window_size": 2048, "compact_cache": true}, "ignored": [], "warnings": []}
+msg:
+  description: Summary; on failure the readable multi-line diff.
+  returned: always
+  type: str
+'''
+
+import json  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.sglang_http import HttpError, base_url, server_info  # noqa: E402
+from ansible.module_utils.sglang_journal import (  # noqa: E402
+    JournalError,
+    message_text,
+    read_invocation,
+)
+from ansible.module_utils.sglang_redact import is_secret_key, redact  # noqa: E402
+from ansible.module_utils.sglang_serverargs import (  # noqa: E402
+    MARKER,
+    ServerArgsParseError,
+    argv_settings,
+    canonical_key,
+    compare,
+    lookup,
+    parse_dflash_runner,
+    parse_server_args,
+)
+from ansible.module_utils.sglang_systemd import SystemctlError, as_int, show  # noqa: E402
+
+WINDOW_KEY = 'speculative_draft_window_size'
+# SGLang 0.5.23 warnings that the window is not applied (exact text from its source):
+# srt/arg_groups/speculative_hook.py and srt/speculative/spec_utils.py.
+WINDOW_IGNORED = (
+    '--speculative-draft-window-size has no effect with',
+    'Ignoring --speculative-draft-window-size=',
+)
+# srt/arg_groups/fields/spec.py: honoured by DFLASH; by EAGLE/EAGLE3 (and MTP/NEXTN, which resolve
+# to EAGLE) only on some draft backends (triton/flashinfer, Llama EAGLE-3); others ignore it.
+WINDOW_HONOURED = frozenset({'DFLASH'})
+WINDOW_SOMETIMES = frozenset({'EAGLE', 'EAGLE3', 'NEXTN', 'MTP'})
+
+
+def read_cmdline(pid):
+    with open(f'/proc/{int(pid)}/cmdline', 'rb') as fh:
+        raw = fh.read()
+    return [part.decode('utf-8', errors='replace') for part in raw.split(b'\0') if part]
+
+
+def secret_values_of(sources):
+    """Values of secret keys found in any source (SGLang does not redact api_key)."""
+    found = set()
+    for data in sources:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if is_secret_key(key) and isinstance(value, str) and value:
+                    found.add(value)
+    return found
+
+
+def managed_view(data, expected):
+    out = {}
+    for key in expected:
+        ok, value, name = lookup(data, key)
+        if ok:
+            out[key if name == key else f'{key} (as {name})'] = value
+    return out
+
+
+def check_window(expected, running_algo, messages, runner, require_window, evidence):
+    """Diff lines about the draft window; appends softer findings to evidence['warnings']."""
+    problems = []
+    want = expected.get(WINDOW_KEY)
+    if want is None:
+        if require_window:
+            problems.append(f'require_window is set but expected has no {WINDOW_KEY}')
+        return problems
+    for text in messages:
+        if any(marker in text for marker in WINDOW_IGNORED):
+            problems.append(
+                f'{WINDOW_KEY}: SGLang reports it ignores the window in this invocation: {text.strip()}'
+            )
+    algo = (running_algo or '').upper() if isinstance(running_algo, str) else running_algo
+    if algo in WINDOW_HONOURED:
+        pass
+    elif algo in WINDOW_SOMETIMES:
+        msg = (
+            f'{WINDOW_KEY}={want} with speculative_algorithm={algo}: honoured only by Llama EAGLE-3 and the '
+            'triton/flashinfer draft backends; SGLang may ignore it silently'
+        )
+        if require_window:
+            problems.append(msg + ' (require_window is set)')
+        else:
+            evidence['warnings'].append(msg)
+    else:
+        problems.append(
+            f'{WINDOW_KEY}={want} has no effect with speculative_algorithm={algo} '
+            '(SGLang honours the window for DFLASH and EAGLE/EAGLE3 only)'
+        )
+    if runner is not None:
+        if not _same_int(runner.get('draft_window_size'), want):
+            problems.append(
+                f"{WINDOW_KEY}: expected {want}, DFLASH draft runner reports "
+                f"draft_window_size={runner.get('draft_window_size')} (journal runner line)"
+            )
+        elif runner.get('compact_cache') is not True:
+            problems.append(
+                f"{WINDOW_KEY}: DFLASH draft runner reports compact_cache={runner.get('compact_cache')} "
+                'with a window set (journal runner line)'
+            )
+    elif require_window and algo in WINDOW_HONOURED:
+        problems.append(
+            f'{WINDOW_KEY}: no "Initialized DFLASH draft runner" line in this invocation\'s journal; '
+            'the window cannot be shown to be in effect (require_window is set)'
+        )
+    return problems
+
+
+def _same_int(a, b):
+    try:
+        return a is not None and int(a) == int(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def run(module):
+    p = module.params
+    expected = {canonical_key(k): v for k, v in (p['expected'] or {}).items()}
+    diff, evidence = [], {'warnings': [], 'ignored': [], 'notes': []}
+    reported, raw_sources = {}, []
+    result = {'changed': False, 'reported': reported, 'diff': diff, 'source': '', 'evidence': evidence}
+    failures = []
+
+    try:
+        props = show(
+            module, p['unit'], ('InvocationID', 'MainPID', 'ExecMainStartTimestampMonotonic', 'ActiveState')
+        )
+    except SystemctlError as exc:
+        return result, [str(exc)], raw_sources
+    current = (props.get('InvocationID') or '').replace('-', '').lower()
+    main_pid = as_int(props.get('MainPID'))
+    start_us = as_int(props.get('ExecMainStartTimestampMonotonic')) or None
+    wanted = (p['invocation_id'] or current).replace('-', '').lower()
+    evidence.update(
+        {
+            'invocation_id': wanted,
+            'main_pid': main_pid,
+            'unit': p['unit'],
+            'active_state': props.get('ActiveState', ''),
+        }
+    )
+    if not current or main_pid <= 0:
+        return (
+            result,
+            [
+                f"unit {p['unit']} has no running main process (InvocationID={current or 'none'}, "
+                f"MainPID={main_pid}, ActiveState={props.get('ActiveState')})"
+            ],
+            raw_sources,
+        )
+    if wanted != current:
+        return (
+            result,
+            [
+                f"unit {p['unit']} now runs invocation {current}, not {wanted} (invocation_id): "
+                'the server restarted after it was verified'
+            ],
+            raw_sources,
+        )
+
+    # 1. HTTP
+    try:
+        status, body, path, attempts = server_info(base_url(p['host'], p['port']), p['api_key'], p['timeout'])
+        result['source'] = path
+        evidence['http_attempts'] = [f'{a} -> {s}' for a, s in attempts]
+        if status in (401, 403):
+            hint = (
+                'no api_key was given but the server requires one (--api-key)'
+                if not p['api_key']
+                else 'the server rejected the api_key'
+            )
+            failures.append(f'GET {path} returned {status}: {hint}')
+        elif status != 200 or not isinstance(body, dict):
+            failures.append(f'GET {path} returned {status}, not a JSON object: {str(body)[:200]}')
+        else:
+            raw_sources.append(body)
+            reported['server_info'] = managed_view(body, expected)
+            diff += compare(expected, body, f'{path}')
+    except HttpError as exc:
+        failures.append(str(exc))
+
+    # 2. journal of THIS invocation
+    messages_text, runner, journal_args = [], None, None
+    try:
+        entries, notes = read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
+        evidence['notes'] += notes
+        evidence['journal_entries'] = len(entries)
+        accepted = []
+        for entry in entries:
+            text = message_text(entry.get('MESSAGE'))
+            messages_text.append(text)
+            if MARKER in text:
+                pid = as_int(entry.get('_PID'))
+                if pid != main_pid:
+                    evidence['ignored'].append(
+                        f'server_args line from PID {pid} ignored: not MainPID {main_pid} '
+                        '(left over from an older run?)'
+                    )
+                    continue
+                accepted.append(text)
+            found = parse_dflash_runner(text)
+            if found is not None:
+                runner = found
+        evidence['runner'] = runner
+        if not accepted:
+            failures.append(
+                f'no server_args= line from MainPID {main_pid} in the journal of invocation {wanted} '
+                f"(journalctl _SYSTEMD_INVOCATION_ID={wanted}); is --log-level above info?"
+            )
+        else:
+            parsed = [parse_server_args(t) for t in accepted]
+            if len({json.dumps(x['args'], sort_keys=True, default=str) for x in parsed}) > 1:
+                failures.append(f'{len(parsed)} different server_args= lines in invocation {wanted}')
+            journal_args = parsed[-1]['args']
+            evidence['server_args_form'] = parsed[-1]['form']
+            evidence['server_args_partial'] = parsed[-1]['partial']
+            raw_sources.append(journal_args)
+            reported['journal'] = managed_view(journal_args, expected)
+            diff += compare(expected, journal_args, f'journal server_args, invocation {wanted}')
+    except (JournalError, ServerArgsParseError) as exc:
+        failures.append(str(exc))
+
+    # 3. /proc/<MainPID>/cmdline
+    try:
+        argv = read_cmdline(main_pid)
+        settings = argv_settings(argv, p['flag_dests'])
+        raw_sources.append(settings)
+        reported['cmdline'] = managed_view(settings, expected)
+        present = {k: v for k, v in expected.items() if lookup(settings, k)[0]}
+        diff += compare(present, settings, f'/proc/{main_pid}/cmdline')
+    except OSError as exc:
+        failures.append(f'cannot read /proc/{main_pid}/cmdline: {exc.strerror}')
+
+    # window evidence
+    algo_source = journal_args if journal_args is not None else reported.get('server_info') or {}
+    running_algo = lookup(algo_source, 'speculative_algorithm')[1]
+    diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence)
+    evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED)]
+    return result, failures, raw_sources
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            host=dict(type='str', default='127.0.0.1'),
+            port=dict(type='int', required=True),
+            api_key=dict(type='str', no_log=True),
+            unit=dict(type='str', default='sglang.service'),
+            invocation_id=dict(type='str'),
+            expected=dict(type='dict', required=True),
+            require_window=dict(type='bool', default=False),
+            secret_values=dict(type='list', elements='str', default=[], no_log=True),
+            flag_dests=dict(type='dict'),
+            timeout=dict(type='float', default=10),
+        ),
+        supports_check_mode=True,
+    )
+    result, failures, raw_sources = run(module)
+    secrets = set(module.params['secret_values'] or [])
+    if module.params['api_key']:
+        secrets.add(module.params['api_key'])
+    secrets |= secret_values_of(raw_sources)
+    problems = failures + result['diff']
+    if problems:
+        result['msg'] = 'running SGLang arguments do not match the intended ones:\n' + '\n'.join(problems)
+        result['failures'] = failures
+    else:
+        result['msg'] = (
+            f"{len(module.params['expected'] or {})} managed key(s) agree in "
+            f"{', '.join(sorted(result['reported']))} "
+            f"for invocation {result['evidence'].get('invocation_id')}"
+        )
+    result = redact(result, secrets)
+    if problems:
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,91 @@
+"""Shared helpers: run a module's REAL ``main()`` from ``library/`` with ansible-core's
+``patch_module_args`` and return its JSON result.
+
+Usage in a test::
+
+    def test_x(run_module, monkeypatch):
+        monkeypatch.setattr(AnsibleModule, 'run_command', fake)   # patch what the module calls
+        result, failed = run_module('sglang_history', {'path': str(tmp_path / 'h.jsonl')})
+
+``args`` may carry ``_ansible_check_mode: True`` etc. ``result`` is the dict the module printed
+(``exit_json``/``fail_json``), ``failed`` is ``result.get('failed', False)``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / 'library'
+MODULE_UTILS = REPO / 'module_utils'
+FIXTURES = REPO / 'tests' / 'fixtures'
+
+# ansible.cfg sets module_utils = module_utils: make ``ansible.module_utils.sglang_*`` importable
+# here the same way Ansible does when it ships the module.
+import ansible.module_utils  # noqa: E402
+
+if str(MODULE_UTILS) not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(MODULE_UTILS))
+
+import contextlib
+
+from ansible.module_utils.testing import patch_module_args  # noqa: E402
+
+
+def load_module(name):
+    """Import ``library/<name>.py`` afresh (module-level state never leaks between tests)."""
+    path = LIBRARY / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(f'_library_{name}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def call_main(module, args):
+    """Run ``module.main()`` with ``args``; return the parsed JSON it printed."""
+    out = io.StringIO()
+    old_stdout = sys.stdout
+    sys.stdout = out
+    try:
+        with patch_module_args(args), contextlib.suppress(SystemExit):
+            module.main()
+    finally:
+        sys.stdout = old_stdout
+    text = out.getvalue().strip()
+    if not text:
+        raise AssertionError(f'{module.__name__}.main() printed nothing')
+    # The module prints exactly one JSON document (the last line when warnings print before).
+    return json.loads(text.splitlines()[-1]), text
+
+
+@pytest.fixture
+def run_module():
+    """``run_module(name, args) -> (result_dict, failed)``; ``run_module.last_output`` is the raw text."""
+
+    def _run(name, args=None):
+        module = load_module(name)
+        result, text = call_main(module, dict(args or {}))
+        _run.last_output = text
+        return result, bool(result.get('failed', False))
+
+    _run.last_output = ''
+    return _run
+
+
+@pytest.fixture
+def fixture_path():
+    """``fixture_path('journal', 'inv-2.json') -> Path`` under tests/fixtures."""
+
+    def _path(*parts):
+        path = FIXTURES.joinpath(*parts)
+        if not path.exists():
+            raise AssertionError(f'missing fixture {path}')
+        return path
+
+    return _path

@@ -1,0 +1,345 @@
+"""sglang_running_args: real main() on recorded systemctl/journalctl output and SGLang-built /server_info."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import urllib.error
+
+import pytest
+from ansible.module_utils import sglang_http
+from ansible.module_utils.basic import AnsibleModule
+from conftest import FIXTURES, load_module
+
+SENTINEL = 'SENTINEL-SECRET-9f3c'
+J = FIXTURES / 'journal'
+S = FIXTURES / 'server_info'
+
+EXPECTED_2048 = {
+    'model_path': '/tmp/m',
+    'speculative_algorithm': 'DFLASH',
+    'speculative_draft_model_path': '/tmp/d',
+    'speculative_draft_window_size': '2048',  # as sglang_argv's managed values: argv strings
+    'port': '30000',
+}
+
+
+def show_text(name):
+    """A recorded `systemctl show` plus the ActiveState the module also asks for (same file)."""
+    return (J / name).read_text()
+
+
+class FakeHost:
+    """Answers the module's run_command / HTTP / /proc reads from recorded files."""
+
+    def __init__(
+        self,
+        monkeypatch,
+        show='show-2.txt',
+        journal='inv-2.json',
+        http=None,
+        cmdline=S / 'cmdline-dflash-2048.bin',
+        sync_rc=0,
+    ):
+        self.calls = []
+        self.show = show_text(show)
+        self.journal = (J / journal).read_text()
+        self.sync_rc = sync_rc
+        self.http = (
+            http if http is not None else {'/server_info': (200, (S / 'dflash-2048.json').read_bytes())}
+        )
+        self.cmdline = cmdline
+        self.auth_seen = []
+        monkeypatch.setattr(AnsibleModule, 'run_command', self.run_command)
+        monkeypatch.setattr(AnsibleModule, 'get_bin_path', lambda _m, name, *a, **k: f'/usr/bin/{name}')
+        monkeypatch.setattr(sglang_http._OPENER, 'open', self.open)
+        real_open = builtins.open
+
+        def fake_open(path, *args, **kwargs):
+            if isinstance(path, str) and path.startswith('/proc/') and path.endswith('/cmdline'):
+                if self.cmdline is None:
+                    raise FileNotFoundError(2, 'No such file or directory', path)
+                return real_open(self.cmdline, *args, **kwargs)
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, 'open', fake_open)
+
+    def run_command(self, cmd, **_kw):
+        self.calls.append(list(cmd))
+        if cmd[0].endswith('systemctl'):
+            assert cmd[1] == 'show'
+            return 0, self.show, ''
+        if cmd[0].endswith('journalctl'):
+            if cmd[1:] == ['--sync']:
+                return (
+                    self.sync_rc,
+                    '',
+                    'Failed to connect to journald: Permission denied' if self.sync_rc else '',
+                )
+            assert '-u' not in cmd, 'journalctl -u must never be used as evidence'
+            assert '--all' in cmd, 'without --all, journalctl -o json drops fields > 4096 bytes'
+            return 0, self.journal, ''
+        raise AssertionError(f'unexpected command {cmd}')
+
+    def open(self, req, timeout=None):
+        path = req.full_url.split(':', 2)[2].split('/', 1)[1]
+        path = '/' + path
+        self.auth_seen.append(req.get_header('Authorization'))
+        status, body = self.http.get(path, (404, b'{"detail":"Not Found"}'))
+        if status != 200:
+            raise urllib.error.HTTPError(req.full_url, status, 'x', {}, io.BytesIO(body))
+        return _Resp(status, body)
+
+
+class _Resp:
+    def __init__(self, status, body):
+        self.status, self._body = status, body
+
+    def read(self):
+        return self._body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def args(**kw):
+    base = {
+        'port': 30000,
+        'unit': 'h3a-sglang.service',
+        'expected': dict(EXPECTED_2048),
+        'api_key': SENTINEL,
+        'secret_values': [SENTINEL],
+    }
+    base.update(kw)
+    return base
+
+
+@pytest.fixture
+def run(run_module):
+    def _run(a):
+        result, failed = run_module('sglang_running_args', a)
+        # P13: the sentinel is in every recorded source (server_args line, /server_info api_key and
+        # launch_command, cmdline); it must never reach the module result.
+        assert SENTINEL not in run_module.last_output
+        return result, failed
+
+    return _run
+
+
+def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
+    host = FakeHost(monkeypatch)
+    result, failed = run(args())
+    assert not failed, result['msg']
+    assert result['changed'] is False
+    assert result['diff'] == []
+    assert result['source'] == '/server_info'
+    assert set(result['reported']) == {'server_info', 'journal', 'cmdline'}
+    for src in ('server_info', 'journal'):
+        assert result['reported'][src]['speculative_draft_window_size'] == 2048
+    assert result['reported']['cmdline']['speculative_draft_window_size'] == '2048'
+    ev = result['evidence']
+    assert ev['invocation_id'] == '5f67eaa332b14ce095abdbeeeb5c0407'
+    assert ev['main_pid'] == 98
+    assert ev['server_args_form'] == 'dict' and ev['server_args_partial'] is False
+    assert ev['runner'] == {
+        'attention_backend': 'triton',
+        'model': 'DFlashDraftModel',
+        'block_size': 16,
+        'draft_window_size': 2048,
+        'compact_cache': True,
+    }
+    assert host.auth_seen == [f'Bearer {SENTINEL}']
+    journal_cmd = [c for c in host.calls if c[0].endswith('journalctl') and c[1] != '--sync'][0]
+    assert journal_cmd[-3:] == ['_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407', '+', '_PID=98']
+
+
+def test_check_mode_runs_the_same_read_only_checks(monkeypatch, run):
+    FakeHost(monkeypatch)
+    result, failed = run(args(_ansible_check_mode=True))
+    assert not failed and result['changed'] is False and result['diff'] == []
+    assert result['evidence']['runner']['draft_window_size'] == 2048
+
+
+def test_seed_incident_old_run_fails_although_unit_output_has_a_2048_line_later(monkeypatch, run):
+    # Invocation 1 ran without the window; `journalctl -u` output also holds invocation 2's
+    # 2048 line AFTER it. Only invocation 1's lines may count.
+    FakeHost(
+        monkeypatch,
+        show='show-1.txt',
+        journal='unit-all.json',
+        http={'/server_info': (200, (S / 'dflash-nowindow.json').read_bytes())},
+    )
+    result, failed = run(args())
+    assert failed
+    assert (
+        'speculative_draft_window_size: expected 2048, running None '
+        '(journal server_args, invocation 8a886876e13c4b869ed14adebc8adc35)'
+    ) not in result['diff']
+    assert (
+        'speculative_draft_window_size: expected 2048, running None '
+        '(journal server_args, invocation d5e6d014036b4b5bb5567b6ccf223302)'
+    ) in result['diff']
+    assert 'speculative_draft_window_size: expected 2048, running None (/server_info)' in result['diff']
+    assert any('DFLASH draft runner reports draft_window_size=None' in d for d in result['diff'])
+    assert result['evidence']['runner']['draft_window_size'] is None
+    assert result['msg'].startswith('running SGLang arguments do not match the intended ones:\n')
+
+
+def test_later_lines_of_other_invocations_are_ignored(monkeypatch, run):
+    # Current = invocation 2 (DFLASH 2048); unit output ends with invocation 3's NGRAM line and
+    # SGLang's "has no effect" warning: neither belongs to invocation 2.
+    FakeHost(monkeypatch, show='show-2.txt', journal='unit-all.json')
+    result, failed = run(args())
+    assert not failed, result['msg']
+    assert result['evidence']['window_messages'] == []
+    # invocation 2's own lines plus systemd's lines about it (INVOCATION_ID=, _PID=1), nothing else
+    mine = [
+        e
+        for e in map(json.loads, (J / 'unit-all.json').read_text().splitlines())
+        if '5f67eaa332b14ce095abdbeeeb5c0407' in (e.get('_SYSTEMD_INVOCATION_ID'), e.get('INVOCATION_ID'))
+    ]
+    assert len(mine) == 14
+    assert result['evidence']['journal_entries'] == len(mine)
+
+
+def test_left_over_process_line_with_new_invocation_id_is_ignored(monkeypatch, run):
+    # KillMode=process: PID 162 of the old run logs the window-None line AFTER the restart, and
+    # journald tags it with the NEW invocation id (recorded). Only MainPID's line counts.
+    entries = [json.loads(x) for x in (J / 'stale-inv-2.json').read_text().splitlines()]
+    stale = [e for e in entries if str(e['_PID']) == '162']
+    assert stale and stale[0]['_SYSTEMD_INVOCATION_ID'] == '7639c897365042fe9cf56a91777d626c'
+    FakeHost(monkeypatch, show='stale-show-2.txt', journal='stale-inv-2.json')
+    result, failed = run(args(unit='h3a-stale.service'))
+    assert not failed, result['msg']
+    assert result['reported']['journal']['speculative_draft_window_size'] == 2048
+    assert result['evidence']['ignored'] == [
+        'server_args line from PID 162 ignored: not MainPID 165 (left over from an older run?)'
+    ]
+
+
+def test_mismatch_fails_with_a_diff_line_per_source(monkeypatch, run):
+    FakeHost(monkeypatch)
+    expected = dict(EXPECTED_2048, speculative_draft_window_size=4096)
+    result, failed = run(args(expected=expected))
+    assert failed
+    assert 'speculative_draft_window_size: expected 4096, running 2048 (/server_info)' in result['diff']
+    assert (
+        'speculative_draft_window_size: expected 4096, running 2048 '
+        '(journal server_args, invocation 5f67eaa332b14ce095abdbeeeb5c0407)'
+    ) in result['diff']
+    assert "speculative_draft_window_size: expected 4096, running 2048 (/proc/98/cmdline)" in result['diff']
+    assert any('DFLASH draft runner reports draft_window_size=2048' in d for d in result['diff'])
+    for line in result['diff']:
+        assert line in result['msg']
+
+
+def test_missing_server_args_line_fails(monkeypatch, run):
+    # Recorded without --all: journalctl printed "MESSAGE": null for the 19 KB line.
+    FakeHost(monkeypatch, journal='inv-2-without-all.json')
+    result, failed = run(args())
+    assert failed
+    assert any(
+        'no server_args= line from MainPID 98 in the journal of invocation '
+        '5f67eaa332b14ce095abdbeeeb5c0407' in f
+        for f in result['failures']
+    )
+
+
+def test_old_server_falls_back_to_get_server_info(monkeypatch, run):
+    FakeHost(monkeypatch, http={'/get_server_info': (200, (S / 'dflash-2048.json').read_bytes())})
+    result, failed = run(args())
+    assert not failed, result['msg']
+    assert result['source'] == '/get_server_info'
+    assert result['evidence']['http_attempts'] == ['/server_info -> 404', '/get_server_info -> 200']
+
+
+def test_401_without_api_key_names_the_missing_key(monkeypatch, run):
+    # SGLang's middleware answers {"error": "Unauthorized"} (srt/utils/auth.py).
+    host = FakeHost(monkeypatch, http={'/server_info': (401, b'{"error": "Unauthorized"}')})
+    a = args()
+    del a['api_key']
+    result, failed = run(a)
+    assert failed
+    assert host.auth_seen == [None]
+    assert (
+        'GET /server_info returned 401: no api_key was given but the server requires one (--api-key)'
+        in result['failures']
+    )
+    # the journal and cmdline sources are still reported
+    assert result['reported']['journal']['speculative_draft_window_size'] == 2048
+
+
+def test_window_ignored_warning_fails(monkeypatch, run):
+    FakeHost(
+        monkeypatch,
+        show='show-3.txt',
+        journal='inv-3.json',
+        http={'/server_info': (200, (S / 'ngram-window.json').read_bytes())},
+        cmdline=None,
+    )
+    expected = {
+        'model_path': '/tmp/m',
+        'speculative_algorithm': 'NGRAM',
+        'speculative_draft_window_size': 2048,
+    }
+    result, failed = run(args(expected=expected))
+    assert failed
+    warning = (
+        '--speculative-draft-window-size has no effect with speculative_algorithm=NGRAM (honored by DFLASH, '
+        'Llama EAGLE-3, and the EAGLE/MTP/NEXTN draft-decode path on the Triton/FlashInfer draft backends).'
+    )
+    assert any(
+        warning in d and d.startswith('speculative_draft_window_size: SGLang reports it ignores')
+        for d in result['diff']
+    )
+    assert any('has no effect with speculative_algorithm=NGRAM (SGLang honours' in d for d in result['diff'])
+    assert 'cannot read /proc/103/cmdline: No such file or directory' in result['failures']
+
+
+def test_require_window_passes_when_runner_line_confirms(monkeypatch, run):
+    FakeHost(monkeypatch)
+    result, failed = run(args(require_window=True))
+    assert not failed, result['msg']
+
+
+def test_require_window_without_window_in_expected_fails(monkeypatch, run):
+    FakeHost(monkeypatch)
+    expected = {k: v for k, v in EXPECTED_2048.items() if k != 'speculative_draft_window_size'}
+    result, failed = run(args(expected=expected, require_window=True))
+    assert failed
+    assert 'require_window is set but expected has no speculative_draft_window_size' in result['diff']
+
+
+def test_restarted_since_verification_fails(monkeypatch, run):
+    FakeHost(monkeypatch)
+    result, failed = run(args(invocation_id='d5e6d014036b4b5bb5567b6ccf223302'))
+    assert failed
+    assert (
+        'now runs invocation 5f67eaa332b14ce095abdbeeeb5c0407, not d5e6d014036b4b5bb5567b6ccf223302'
+        in result['msg']
+    )
+
+
+def test_journal_sync_failure_is_tolerated_and_noted(monkeypatch, run):
+    FakeHost(monkeypatch, sync_rc=1)
+    result, failed = run(args())
+    assert not failed, result['msg']
+    assert result['evidence']['notes'][0].startswith('journalctl --sync failed (rc=1)')
+
+
+def test_not_running_unit_fails(monkeypatch, run):
+    FakeHost(monkeypatch, show='bytes-show.txt')
+    result, failed = run(args())
+    assert failed
+    assert 'has no running main process (InvocationID=none, MainPID=0' in result['msg']
+
+
+def test_alias_spelling_in_reported_source_satisfies_canonical_key():
+    sa = load_module('sglang_running_args')
+    assert sa.managed_view(
+        {'speculative_dflash_draft_window_size': 2048}, {'speculative_draft_window_size': 2048}
+    ) == {'speculative_draft_window_size (as speculative_dflash_draft_window_size)': 2048}
