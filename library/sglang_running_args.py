@@ -15,7 +15,7 @@ description:
     the C(server_args=) startup line of THIS invocation in the journal
     (C(journalctl -o json --all _SYSTEMD_INVOCATION_ID=<id> + _PID=<MainPID>); C(-u UNIT) is never
     used, lines of older runs are ignored, property P2); and C(/proc/<MainPID>/cmdline)."
-  - Only a C(server_args=) line logged by the unit's MainPID counts: a process left over from an
+  - Only a C(server_args=) line logged by the unit's MainPID counts. A process left over from an
     older run (C(KillMode=process)) logs with the NEW invocation's id (recorded on systemd 252).
   - Window evidence when O(expected) sets C(speculative_draft_window_size) - fails when SGLang
     logged that it ignores the window (C(--speculative-draft-window-size has no effect with ...),
@@ -107,7 +107,7 @@ reported:
     journal: {"speculative_draft_window_size": 2048}
     cmdline: {"speculative_draft_window_size": "2048"}
 diff:
-  description: One line per disagreement, C(key: expected X, running Y (source)).
+  description: "One line per disagreement: C(key: expected X, running Y (source))."
   returned: always
   type: list
   elements: str
