@@ -1,0 +1,178 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_history
+short_description: Append to or read the SGLang deploy history (JSON lines)
+description:
+  - With O(record), appends one JSON line (the record plus C(time), UTC ISO 8601) to O(path),
+    redacted first (secret keys and O(secret_values) never reach the file). The write uses
+    C(O_APPEND) and C(fsync), so concurrent appends never interleave inside a line and a
+    record survives a crash once the module returned. The file is created C(0640) root.
+  - Without O(record), returns the last O(limit) records (read-only).
+version_added: "0.1.0"
+author: sglang-deploy contributors
+options:
+  path:
+    description: History file.
+    type: path
+    default: /var/lib/sglang-deploy/history.jsonl
+  record:
+    description: Record to append (e.g. invocation, unit hash, window/budget/topk, result).
+    type: dict
+  limit:
+    description: Number of most recent records returned when O(record) is not given.
+    type: int
+    default: 20
+  secret_values:
+    description: Literal secret values to scrub from the record before writing.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    details: With O(record), reports changed and writes nothing.
+  diff_mode:
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Record the verified deploy
+  sglang_history:
+    record:
+      invocation_id: "{{ __sglang_restart.invocation_id }}"
+      unit_sha256: "{{ __sglang_unit.checksum }}"
+      window: "{{ sglang_speculative_draft_window_size }}"
+      result: verified
+
+- name: Read the last five deploys
+  sglang_history:
+    limit: 5
+  register: __sglang_history
+'''
+
+RETURN = r'''
+records:
+  description: Last O(limit) records, oldest first (only without O(record)).
+  returned: when record is not given
+  type: list
+  elements: dict
+  sample:
+    - {"time": "2026-12-02T16:40:00Z", "invocation_id": "5f67eaa3...", "window": 2048, "result": "verified"}
+record:
+  description: The record as written (redacted, with C(time)).
+  returned: when record is given
+  type: dict
+skipped_lines:
+  description: Lines of the file that were not valid JSON objects (reported, not fatal).
+  returned: when record is not given
+  type: int
+'''
+
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.sglang_redact import redact  # noqa: E402
+
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+
+
+def now_utc():
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%fZ')
+
+
+def append_line(path, line):
+    """One write(2) of the whole line on an O_APPEND descriptor, then fsync (file and, when the
+    file was just created, its directory)."""
+    directory = os.path.dirname(path) or '.'
+    os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+    created = not os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), FILE_MODE)
+    try:
+        if created:
+            os.fchmod(fd, FILE_MODE)
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, 0)
+        data = line.encode('utf-8')
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f'short write to {path}: {written} of {len(data)} bytes')
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_records(path, limit):
+    records, skipped = [], 0
+    try:
+        with open(path, encoding='utf-8', errors='replace') as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    skipped += 1
+                    continue
+                if isinstance(obj, dict):
+                    records.append(obj)
+                else:
+                    skipped += 1
+    except FileNotFoundError:
+        return [], 0
+    if limit >= 0:
+        records = records[-limit:] if limit else []
+    return records, skipped
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type='path', default='/var/lib/sglang-deploy/history.jsonl'),
+            record=dict(type='dict'),
+            limit=dict(type='int', default=20),
+            secret_values=dict(type='list', elements='str', default=[], no_log=True),
+        ),
+        supports_check_mode=True,
+    )
+    path, record = module.params['path'], module.params['record']
+    secrets = module.params['secret_values']
+    if record is None:
+        if module.params['limit'] < 0:
+            module.fail_json(msg=f"limit must be >= 0, got {module.params['limit']}")
+        try:
+            records, skipped = read_records(path, module.params['limit'])
+        except OSError as exc:
+            module.fail_json(msg=f'cannot read history file {path}: {exc.strerror}')
+        module.exit_json(changed=False, records=redact(records, secrets), skipped_lines=skipped, path=path)
+
+    entry = {'time': now_utc()}
+    entry.update({k: v for k, v in record.items() if k != 'time'})
+    entry = redact(entry, secrets)
+    line = json.dumps(entry, sort_keys=True, default=str, separators=(',', ':')) + '\n'
+    if '\n' in line[:-1]:
+        module.fail_json(msg='history record serialises to more than one line')
+    if not module.check_mode:
+        try:
+            append_line(path, line)
+        except OSError as exc:
+            module.fail_json(msg=f'cannot append to history file {path}: {exc.strerror or exc}')
+    module.exit_json(changed=True, record=entry, path=path)
+
+
+if __name__ == '__main__':
+    main()
