@@ -1,0 +1,74 @@
+"""module_utils/sglang_journal on journalctl -o json output recorded on a systemd 252 lab host."""
+
+from __future__ import annotations
+
+from ansible.module_utils import sglang_journal as sj
+from ansible.module_utils import sglang_serverargs as sa
+from conftest import FIXTURES
+
+J = FIXTURES / 'journal'
+INV = {
+    1: 'd5e6d014036b4b5bb5567b6ccf223302',
+    2: '5f67eaa332b14ce095abdbeeeb5c0407',
+    3: '8a886876e13c4b869ed14adebc8adc35',
+}
+
+
+def entries(name):
+    found, bad = sj.parse_json_lines((J / name).read_text())
+    assert bad == 0
+    return found
+
+
+def window_of(messages):
+    return sa.parse_server_args(sa.find_server_args_line(messages))['args']['speculative_draft_window_size']
+
+
+def test_unit_output_mixes_runs_but_selection_keeps_one():
+    everything = entries('unit-all.json')
+    # `journalctl -u` holds all three runs: its LAST server_args line is run 3's, not run 1's.
+    assert window_of([sj.message_text(e.get('MESSAGE')) for e in everything]) == 2048
+    for n, window in ((1, None), (2, 2048), (3, 2048)):
+        msgs = sj.messages(sj.select_invocation(everything, INV[n]))
+        assert window_of(msgs) == window
+        assert sum('server_args=' in m for m in msgs) == 1
+    assert not any('has no effect' in m for m in sj.messages(sj.select_invocation(everything, INV[2])))
+
+
+def test_order_and_last_n():
+    everything = entries('unit-all.json')
+    chosen = sj.select_invocation(list(reversed(everything)), INV[2])
+    stamps = [int(e['__MONOTONIC_TIMESTAMP']) for e in chosen]
+    assert stamps == sorted(stamps)
+    # systemd's own "Stopped" line carries INVOCATION_ID= of run 2 and is its last entry
+    assert sj.messages(chosen, last=1) == [
+        'Stopped h3a-sglang.service - h3a journal fixture recorder (prints recorded SGLang 0.5.23 output).'
+    ]
+    assert len(sj.messages(chosen, last=3)) == 3 and sj.messages(chosen, last=0) == []
+
+
+def test_pid_match_respects_invocation_tag_and_start_time():
+    everything = entries('unit-all.json')
+    # PID 98 (run 2's MainPID), but asking for an unknown invocation: untagged PID lines only.
+    assert sj.select_invocation(everything, 'ffffffffffffffffffffffffffffffff', pids=[98]) == []
+    untagged = [dict(e, _SYSTEMD_INVOCATION_ID=None) for e in entries('inv-2.json')]
+    got = sj.select_invocation(untagged, 'ffffffffffffffffffffffffffffffff', pids=[98])
+    assert got and all(str(e['_PID']) == '98' for e in got)
+    late = sj.select_invocation(untagged, 'ffff', pids=[98], since_monotonic_us=10**13)
+    assert late == []
+
+
+def test_message_as_byte_array_and_null():
+    recs = entries('bytes-unit.json')
+    texts = [sj.message_text(e.get('MESSAGE')) for e in recs]
+    assert 'Capturing batches (bs=8): \x1b[32m 50%\r100%' in texts
+    assert '\ufffd\ufffd not utf-8' in texts
+    # without --all journalctl prints null for the 19 KB server_args line
+    without_all = entries('inv-2-without-all.json')
+    assert any(e.get('MESSAGE') is None for e in without_all)
+    assert sa.find_server_args_line([sj.message_text(e.get('MESSAGE')) for e in without_all]) is None
+
+
+def test_non_json_lines_are_counted():
+    found, bad = sj.parse_json_lines('{"MESSAGE": "a"}\n-- No entries --\n[1]\n\n')
+    assert [e['MESSAGE'] for e in found] == ['a'] and bad == 2
