@@ -196,7 +196,7 @@ def test_ansible_reaches_hosts_through_the_inventory(lab) -> None:
     if not ansible.exists():
         pytest.skip(f"{ansible} not installed")
     proc = subprocess.run(
-        [str(ansible), "-i", str(lab["inventory"]), "lab", "-m", "ansible.builtin.ping", "-o"],
+        [str(ansible), "-i", str(lab["inventory"]), "lab", "-m", "ansible.builtin.ping"],
         text=True,
         capture_output=True,
         timeout=120,
