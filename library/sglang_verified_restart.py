@@ -241,6 +241,9 @@ BASELINE_VERSION = 1
 START_TOLERANCE_US = 50000
 UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 HEALTH_PATH = "/health_generate"
+# The start job is queued before `systemctl --no-block` returns; only a unit that stays inactive/failed
+# with no job this long after the request is a start that never happened.
+JOB_GRACE_US = 1000000
 PROC_ROOT = "/proc"
 CGROUP_ROOT = "/sys/fs/cgroup"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -697,7 +700,12 @@ class Verifier:
                     self.module, self.p["unit"], invocation, None, None, self.p["journal_lines"], sync=True
                 ),
             )
-        if not props.get("Job") and props.get("ActiveState") in ("failed", "inactive") and b.get("restarted"):
+        if (
+            not props.get("Job")
+            and props.get("ActiveState") in ("failed", "inactive")
+            and b.get("restarted")
+            and now_us - b["request_us"] > JOB_GRACE_US
+        ):
             self.fail(
                 f"{self.p['unit']}: the {b.get('action', 'restart')} job finished without starting a new "
                 f"invocation (ActiveState={props.get('ActiveState')}, Result={props.get('Result')}). "
@@ -947,13 +955,14 @@ def main():
         active = props.get("ActiveState")
         action = "restart" if active in ("active", "activating", "reloading", "deactivating") else "start"
         if module.check_mode:
+            for problem in problems:
+                module.warn(problem)
             module.exit_json(
                 changed=True,
                 pending=False,
                 restarted=False,
                 would=action,
                 previous_invocation_id=props.get("InvocationID", ""),
-                warnings=problems,
                 msg=f"{unit} would be {action}ed and verified (check mode)",
                 timings={},
                 progress={
