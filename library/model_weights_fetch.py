@@ -302,6 +302,11 @@ def read_token(module: AnsibleModule, path: str) -> str:
     return token
 
 
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
 def redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "********") if secret else text
 
@@ -356,8 +361,9 @@ def run_module() -> None:
     if rc != 0:
         module.fail_json(
             msg=f"{label}: listing {repo}@{revision} through {python} (huggingface_hub) failed "
-            f"(rc={rc}): {redact(err.strip()[-2000:], token)}",
+            f"(rc={rc}): {redact(last_line(err), token)}",
             rc=rc,
+            stderr=redact(err[-4000:], token),
         )
     try:
         listing = json.loads(out.strip().splitlines()[-1])
@@ -396,8 +402,9 @@ def run_module() -> None:
         result["downloaded"] = True
         if rc != 0:
             module.fail_json(
-                msg=f"{label}: {' '.join(argv)} failed (rc={rc}): {redact(err.strip()[-2000:], token)}",
+                msg=f"{label}: {' '.join(argv)} failed (rc={rc}): {redact(last_line(err), token)}",
                 rc=rc,
+                stderr=redact(err[-4000:], token),
                 **result,
             )
 
