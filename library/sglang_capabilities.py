@@ -138,22 +138,41 @@ RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
 
 # Runs in the venv's python; imports nothing heavy. Prints the version and a hash of what is installed.
 PROBE_SCRIPT = r'''
-import hashlib, importlib.metadata, json, sys
-try:
-    dist = importlib.metadata.distribution("sglang")
-except importlib.metadata.PackageNotFoundError:
+import hashlib, json, os, sys
+# Same precedence as `import sglang`: the first sys.path entry holding a sglang dist-info.
+found = None
+for entry in sys.path:
+    try:
+        names = os.listdir(entry or ".")
+    except OSError:
+        continue
+    for name in sorted(names):
+        if name.startswith("sglang-") and name.endswith(".dist-info"):
+            found = os.path.join(entry, name)
+            break
+    if found:
+        break
+if found is None:
     print("SGLANG_DEPLOY_RESULT " + json.dumps({"error": "sglang is not installed in " + sys.prefix}))
     sys.exit(3)
+version = None
+with open(os.path.join(found, "METADATA"), encoding="utf-8", errors="replace") as handle:
+    for line in handle:
+        if line.startswith("Version:"):
+            version = line.split(":", 1)[1].strip()
+            break
+        if not line.strip():
+            break
 digest = hashlib.sha256()
 for name in ("RECORD", "direct_url.json"):
-    text = dist.read_text(name)
-    digest.update(name.encode() + b"\0" + (text or "").encode("utf-8", "surrogateescape") + b"\0")
-print("SGLANG_DEPLOY_RESULT " + json.dumps({
-    "version": dist.version,
-    "record_sha256": digest.hexdigest(),
-    "has_record": dist.read_text("RECORD") is not None,
-    "python": sys.version.split()[0],
-}))
+    try:
+        with open(os.path.join(found, name), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        data = b""
+    digest.update(name.encode() + b"\0" + data + b"\0")
+print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": version, "record_sha256": digest.hexdigest(),
+                                          "dist_info": found}))
 '''
 
 # Runs in the venv's python: builds the real parser like `sglang serve` and dumps it.
@@ -208,7 +227,8 @@ for action in parser._actions:
         "hidden": action.help == argparse.SUPPRESS,
         "deprecated": is_deprecated(action),
         "action": type(action).__name__,
-        "choices": None if action.choices is None else [jsonable(c) for c in action.choices],
+        "choices": None if action.choices is None else jsonable(
+            action.choices if isinstance(action.choices, (set, frozenset)) else list(action.choices)),
         "nargs": jsonable(action.nargs),
         "takes_value": action.nargs != 0,
         "default": jsonable(action.default),

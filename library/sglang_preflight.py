@@ -127,17 +127,41 @@ _VAR_REF = re.compile(r'^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$')
 _ANSI = re.compile(r'\x1b\[[0-9;]*m')
 
 PROBE_SCRIPT = r'''
-import hashlib, importlib.metadata, json, sys
-try:
-    dist = importlib.metadata.distribution("sglang")
-except importlib.metadata.PackageNotFoundError:
+import hashlib, json, os, sys
+# Same precedence as `import sglang`: the first sys.path entry holding a sglang dist-info.
+found = None
+for entry in sys.path:
+    try:
+        names = os.listdir(entry or ".")
+    except OSError:
+        continue
+    for name in sorted(names):
+        if name.startswith("sglang-") and name.endswith(".dist-info"):
+            found = os.path.join(entry, name)
+            break
+    if found:
+        break
+if found is None:
     print("SGLANG_DEPLOY_RESULT " + json.dumps({"error": "sglang is not installed in " + sys.prefix}))
     sys.exit(3)
+version = None
+with open(os.path.join(found, "METADATA"), encoding="utf-8", errors="replace") as handle:
+    for line in handle:
+        if line.startswith("Version:"):
+            version = line.split(":", 1)[1].strip()
+            break
+        if not line.strip():
+            break
 digest = hashlib.sha256()
 for name in ("RECORD", "direct_url.json"):
-    text = dist.read_text(name)
-    digest.update(name.encode() + b"\0" + (text or "").encode("utf-8", "surrogateescape") + b"\0")
-print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": dist.version, "record_sha256": digest.hexdigest()}))
+    try:
+        with open(os.path.join(found, name), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        data = b""
+    digest.update(name.encode() + b"\0" + data + b"\0")
+print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": version, "record_sha256": digest.hexdigest(),
+                                          "dist_info": found}))
 '''
 
 # Runs in the venv's python; the request (argv) arrives on stdin so it is not in the process list.
