@@ -42,6 +42,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -158,10 +159,12 @@ class Lab:
     def parse_and_resolve(self, argv: list[str]) -> None:
         from sglang.srt.server_args import prepare_server_args
 
-        try:  # what `sglang serve` does to argv before prepare_server_args
+        try:  # what `sglang serve` does before prepare_server_args: argv normalised, plugins loaded
             from sglang.cli.serve import _extract_model_type_override, _normalize_positional_model_path
+            from sglang.srt.plugins import load_plugins
 
             argv = _normalize_positional_model_path(_extract_model_type_override(argv)[1])[0]
+            load_plugins()
         except ImportError:
             pass
         server_args = prepare_server_args(argv)  # argparse error: SGLang's usage text, exit 2
@@ -266,7 +269,7 @@ class Lab:
         host, port = str(self.resolved.get("host") or "127.0.0.1"), int(self.resolved["port"])
         server_cls = ThreadingHTTPServer
         if ":" in host:
-            server_cls = type("ThreadingHTTPServerV6", (ThreadingHTTPServer,), {"address_family": 10})
+            server_cls = type("V6Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
         try:
             self.httpd = server_cls((host, port), make_handler(self))
         except OSError as exc:  # as uvicorn reports it, after the whole load (SGLang checks no port first)
@@ -282,7 +285,8 @@ class Lab:
         threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True).start()
 
     def warmup(self) -> None:
-        """As SGLang's _execute_server_warmup: GET the model info, then an 8-token /generate, over HTTP."""
+        """As SGLang's _execute_server_warmup: 1 s, GET the model info, an 8-token /generate, over HTTP."""
+        time.sleep(1)  # SGLang sleeps before its first request: /health is 503 meanwhile
         host = str(self.resolved.get("host") or "127.0.0.1")
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
         base = f"http://{f'[{host}]' if ':' in host else host}:{self.resolved['port']}"

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -276,17 +277,37 @@ def test_old_api_and_dataclass_log(tmp_path, models):
 
 
 # ------------------------------------------------------------------ plain server, forked scheduler, SIGTERM
-def test_sigterm_exits_0_and_spawned_child_survives(tmp_path, models):
+def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
     server = Server(tmp_path, ["--model-path", models["target"], "--port", str(free_port())],
                     env={"SGLANG_LAB_SPAWN_CHILD": "1"})
     child = None
     try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not port_open(server.port):  # the first answers come during warm-up, before ready
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log[-3000:]
+            time.sleep(0.05)
+        assert server.request("/health")[0] == 503
+        assert server.request("/health_generate")[0] == 503
+        assert server.request("/ready")[0] == 503
+        assert server.request("/v1/models")[0] == 200  # answers before warm-up is done
         server.wait_log(r"The server is fired up and ready to roll!")
+        assert server.request("/health_generate")[0] == 200
         child = int(server.wait_log(r"Scheduler process started \(lab server child pid=(\d+)").group(1))
         assert "Initialized DFLASH draft runner" not in server.log
         assert "avg_spec_accept_length" not in server.json("/server_info")["internal_states"][0]
         assert server.request("/metrics")[0] == 404  # no --enable-metrics
+
+        # SIGTERM while a ~4 s stream runs: health turns 503, the stream completes, then exit 0.
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(zip(("status", "raw"), server.request(
+            "/generate", body={"text": "x", "sampling_params": {"max_new_tokens": 1000}, "stream": True}))))
+        worker.start()
+        time.sleep(0.5)
         server.proc.send_signal(signal.SIGTERM)
+        server.wait_log(r"Gracefully exiting\.\.\. Remaining number of requests 1\.", timeout=5)
+        assert server.request("/health")[0] == 503
+        worker.join(30)
+        assert result["status"] == 200 and result["raw"].endswith(b"data: [DONE]\n\n")
         assert server.wait_exit(timeout=10) == 0
         assert ("SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
                 in server.log)
