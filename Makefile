@@ -10,11 +10,11 @@ WHEELHOUSE ?= /var/cache/sglang-lab/wheelhouse
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv deps wheelhouse lab-up lab-down demo test lint unit integration molecule bench clean
+.PHONY: help venv deps wheelhouse sglang-venv lab-up lab-down demo test lint unit lab-server integration molecule bench clean
 
 help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
-	@echo "make test      the whole suite (lint, unit, lab integration, molecule)"
+	@echo "make test      the whole suite (lint, unit, lab server, lab integration, molecule)"
 	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts, write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
@@ -41,6 +41,14 @@ deps:
 wheelhouse: venv
 	lab/build-wheelhouse $(WHEELHOUSE)
 
+# The controller's copy of the lab SGLang environment and the tiny checkpoints, for tests that
+# run SGLang's real parser or the lab server without a lab host.
+SGLANG_VENV := $(CURDIR)/.lab/sglang-venv
+sglang-venv: wheelhouse
+	lab/build-sglang-venv $(SGLANG_VENV) $(WHEELHOUSE)
+	$(PYTHON) lab/make_checkpoint.py target .lab/models/target >/dev/null
+	$(PYTHON) lab/make_checkpoint.py draft .lab/models/draft >/dev/null
+
 lab-up: deps venv
 	lab/labctl up --hosts $(LAB_HOSTS)
 
@@ -55,8 +63,11 @@ lint: venv
 	$(BIN)/ansible-lint
 	$(BIN)/ruff check .
 
-unit: venv
-	$(BIN)/pytest -q tests/unit
+unit: venv sglang-venv
+	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q tests/unit
+
+lab-server: venv sglang-venv
+	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q tests/lab_server
 
 integration: deps venv wheelhouse
 	$(BIN)/pytest -q -m lab tests
@@ -64,7 +75,7 @@ integration: deps venv wheelhouse
 molecule: deps venv wheelhouse
 	cd molecule/.. && $(BIN)/molecule test --all --exclude gpu
 
-test: lint unit integration molecule
+test: lint unit lab-server integration molecule
 
 bench: deps venv wheelhouse
 	$(BIN)/python bench/deploy_timings.py

@@ -2,7 +2,7 @@
 
 Fast tests patch run_command with the recorded REAL runs in
 tests/fixtures/capabilities/preflight-runs/ (see SOURCE.md); the ``slow`` ones run the real
-SGLang 0.5.23 venv at /tmp/w/venv against the tiny configs in /tmp/m and /tmp/d.
+SGLang 0.5.23 environment (make sglang-venv) against the tiny lab checkpoints in .lab/models.
 """
 
 from __future__ import annotations
@@ -16,12 +16,17 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 
 RUNS = Path(__file__).resolve().parents[1] / 'fixtures' / 'capabilities' / 'preflight-runs'
-VENV_PYTHON = '/tmp/w/venv/bin/python'
-BASE = ['--model-path', '/tmp/m', '--speculative-algorithm', 'DFLASH']
+# The controller's SGLang 0.5.23 environment (make sglang-venv); the Makefile sets the variable,
+# and then a missing or broken environment FAILS these tests instead of skipping them.
+VENV_PYTHON = os.environ.get('SGLANG_LAB_PYTHON', '/tmp/w/venv/bin/python')
+# Tiny real checkpoints written by lab/make_checkpoint.py (make sglang-venv writes them).
+MODELS = Path(__file__).resolve().parents[2] / '.lab' / 'models'
+TARGET, DRAFT = str(MODELS / 'target'), str(MODELS / 'draft')
+BASE = ['--model-path', TARGET, '--speculative-algorithm', 'DFLASH']
 GOOD = BASE[:2] + ['--api-key', '${SGLANG_API_KEY}'] + BASE[2:] + [
-    '--speculative-draft-model-path', '/tmp/d', '--speculative-draft-window-size', '2048']
+    '--speculative-draft-model-path', DRAFT, '--speculative-draft-window-size', '2048']
 WINDOW_8 = BASE + ['--speculative-draft-model-path', '/tmp/d-noblock', '--speculative-draft-window-size', '8']
-OLD_FLAG = BASE + ['--speculative-draft-model-path', '/tmp/d',
+OLD_FLAG = BASE + ['--speculative-draft-model-path', DRAFT,
                    '--speculative-dflash-draft-window-size', '2048']
 
 
@@ -186,9 +191,10 @@ def test_python_must_exist(run_module, tmp_path):
 
 
 needs_venv = pytest.mark.skipif(
-    not (os.access(VENV_PYTHON, os.X_OK) and os.path.isfile('/tmp/m/config.json')
-         and os.path.isfile('/tmp/d/config.json')),
-    reason='needs the SGLang 0.5.23 venv at /tmp/w/venv and the tiny configs in /tmp/m, /tmp/d')
+    'SGLANG_LAB_PYTHON' not in os.environ
+    and not (os.access(VENV_PYTHON, os.X_OK) and os.path.isfile(f'{TARGET}/config.json')
+             and os.path.isfile(f'{DRAFT}/config.json')),
+    reason='needs an SGLang 0.5.23 environment and the tiny lab checkpoints: make sglang-venv')
 
 
 @pytest.mark.slow
@@ -205,7 +211,7 @@ def test_real_good_argv_resolves_2048(run_module, tmp_path):
 def test_real_window_8_fails_with_sglang_text(run_module, tmp_path):
     # A draft config without block_size: the module's own rule cannot know the block size,
     # so SGLang itself must refuse (it defaults the DFLASH block size to 16).
-    config = json.loads(Path('/tmp/d/config.json').read_text())
+    config = json.loads(Path(DRAFT, 'config.json').read_text())
     config.pop('block_size')
     draft = draft_dir(tmp_path, config)
     argv = BASE + ['--speculative-draft-model-path', draft, '--speculative-draft-window-size', '8']
