@@ -534,7 +534,11 @@ def make_handler(lab: Lab):
             self.send_header("content-type", "text/event-stream; charset=utf-8")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for data in (*chunks, "data: [DONE]\n\n"):
+            def then_done():  # lazily: unpacking (*chunks, ...) would wait for the last forward
+                yield from chunks
+                yield "data: [DONE]\n\n"
+
+            for data in then_done():
                 raw = data.encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
                 self.wfile.flush()
