@@ -217,7 +217,11 @@ def running_rows(report: dict) -> list[dict]:
 
 def unit_diff_text(report: dict) -> str:
     chunks = []
-    for d in (report.get("unit") or {}).get("diff") or []:
+    diffs = (report.get("unit") or {}).get("diff") or []
+    # Ansible returns one diff as a dict, several as a list.
+    for d in [diffs] if isinstance(diffs, dict) else diffs:
+        if not isinstance(d, dict):
+            continue
         before = d.get("before", "") or ""
         after = d.get("after", "") or ""
         if before == after:

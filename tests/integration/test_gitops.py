@@ -1,0 +1,521 @@
+"""GitOps against a real lab host: plan on a git change, apply, drift, pull mode; workflow lint.
+
+One lab host (systemd-nspawn, SSH) for every case, in file order:
+  1. a temporary clone of this repository gets a base commit (lab inventory force-added, an API key
+     sentinel, fast verification) that tools/gitops/apply deploys, and a head commit that changes the
+     draft window 2048 -> 4096 and rotates the API key;
+  2. tools/gitops/plan names the host, shows `speculative_draft_window_size: 2048 -> 4096` in the
+     running-arguments diff and a restart, masks every secret, exits 2, and leaves the host as it was
+     (same unit/env hashes, same InvocationID, same history);
+  3. tools/gitops/apply deploys head and the server reports 4096; a second apply of the same inventory
+     while the lock is held fails at once naming the holder; drift right after the apply finds nothing;
+  4. a hand edit of the unit (window 1024, daemon-reload, restart) is reported by tools/gitops/drift,
+     both as a file difference and as running arguments that differ from git;
+  5. pull mode: playbooks/pull.yml installs git (.deb files downloaded on the controller; the host has
+     no network), ansible-core (lab wheelhouse) and the timer; a `git daemon` on the controller end of
+     the host's veth serves a bare copy of the clone; a run applies the signed commit (window back to
+     4096, verified), the next run does nothing (same InvocationID), an unsigned commit is refused;
+  6. the workflow files pass actionlint and zizmor.
+
+Host: LAB_REUSE_INVENTORY=<inventory inside inventory/lab/> uses a running host (restored to the window
+2048 baseline and left running); otherwise `lab/labctl up --first-index $GITOPS_LAB_INDEX` (default 120).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_INVENTORY_DIR = REPO / "inventory" / "lab"
+LABCTL = REPO / "lab" / "labctl"
+VENV_BIN = REPO / ".venv" / "bin"
+TOOLS = REPO / "tools" / "gitops"
+WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
+DEB_CACHE = Path(os.environ.get("GITOPS_DEB_CACHE", "/var/cache/sglang-lab/debs-git"))
+INDEX = int(os.environ.get("GITOPS_LAB_INDEX", "120"))
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+ENV_PATH = "/etc/sglang/sglang.env"
+SECRET_A = "sentinel-gitops-key-A-5c1f9e"
+SECRET_B = "sentinel-gitops-key-B-7d20aa"
+TEST_VARS = "inventory/lab/group_vars/gpu_nodes/zz_gitops_test.yml"
+PULL_BRANCH = "deploy-lab"
+
+
+def run(argv, cwd=REPO, check=True, timeout=900, env=None, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(
+        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, **kw
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"{argv} -> rc {r.returncode}\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}")
+    return r
+
+
+class Host:
+    def __init__(self, inventory: Path):
+        self.inventory = inventory
+        data = yaml.safe_load(inventory.read_text())
+        hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
+        self.name = sorted(hosts)[0]
+        self.vars = hosts[self.name]
+        self.address = self.vars["ansible_host"]
+        # The controller end of the host's veth (/30: .1 is the controller, .2 the host).
+        self.controller_address = self.address.rsplit(".", 1)[0] + ".1"
+
+    def ssh(self, command: str, check=True, timeout=300) -> subprocess.CompletedProcess:
+        hv = self.vars
+        argv = [
+            "ssh",
+            "-i",
+            hv["ansible_ssh_private_key_file"],
+            *shlex.split(hv["ansible_ssh_common_args"]),
+            "-o",
+            "BatchMode=yes",
+            f"{hv['ansible_user']}@{self.address}",
+            command,
+        ]
+        return run(argv, check=check, timeout=timeout)
+
+    def state(self) -> dict:
+        out = self.ssh(
+            f"echo unit=$(sha256sum < {UNIT_PATH} | cut -d' ' -f1);"
+            f" echo env=$(sha256sum < {ENV_PATH} | cut -d' ' -f1);"
+            " systemctl show -p InvocationID -p MainPID -p ActiveState sglang.service;"
+            " echo history=$(wc -l < /var/lib/sglang-deploy/history.jsonl)"
+        ).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def server_info(self, key: str) -> dict:
+        script = (
+            "import json, urllib.request as u; r = u.Request('http://127.0.0.1:30000/server_info', "
+            f"headers={{'Authorization': 'Bearer {key}'}});"
+            " print(json.dumps(json.load(u.urlopen(r, timeout=10))))"
+        )
+        return json.loads(self.ssh(f"python3 -c {shlex.quote(script)}").stdout)
+
+    def wait_healthy(self, timeout=120) -> None:
+        deadline = time.monotonic() + timeout
+        probe = (
+            "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:30000/health', timeout=3)\""
+        )
+        while time.monotonic() < deadline:
+            if self.ssh(probe, check=False).returncode == 0:
+                return
+            time.sleep(1)
+        raise AssertionError(f"{self.name}: /health did not answer within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def host():
+    reuse = os.environ.get("LAB_REUSE_INVENTORY")
+    if reuse:
+        path = Path(reuse).resolve()
+        if LAB_INVENTORY_DIR.resolve() not in path.parents:
+            pytest.fail(
+                f"LAB_REUSE_INVENTORY={reuse}: must be inside {LAB_INVENTORY_DIR} (its group_vars apply)"
+            )
+        h = Host(path)
+        yield h
+        cleanup_pull(h)
+        # Back to the baseline the other lab tests expect: window 2048, no API key.
+        run(
+            [
+                VENV_BIN / "ansible-playbook",
+                "-i",
+                path,
+                "--limit",
+                f"{h.name},localhost",
+                "deploy.yml",
+                "-e",
+                "window=2048",
+                "-e",
+                json.dumps({"sglang_stable_seconds": 6, "sglang_health_count": 2}),
+            ],
+            env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+        )
+        return
+    if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
+        pytest.skip("lab hosts need root and systemd-nspawn (make deps)")
+    if not any(WHEELHOUSE.glob("sglang-*.whl")) or not (WHEELHOUSE / "ansible-core").is_dir():
+        pytest.fail(f"no complete wheelhouse in {WHEELHOUSE} (sglang, ansible-core/): run `make wheelhouse`")
+    path = LAB_INVENTORY_DIR / f"gitops{INDEX}.yml"
+    run([LABCTL, "up", "--hosts", "1", "--first-index", INDEX, "--inventory", path], timeout=600)
+    try:
+        yield Host(path)
+    finally:
+        run([LABCTL, "down", "--inventory", path], check=False, timeout=600)
+
+
+def cleanup_pull(h: Host) -> None:
+    h.ssh(
+        "systemctl disable --now sglang-pull.timer 2>/dev/null;"
+        " systemctl stop sglang-pull.service 2>/dev/null;"
+        " rm -f /etc/systemd/system/sglang-pull.service /etc/systemd/system/sglang-pull.timer;"
+        " rm -rf /etc/sglang-pull /var/lib/sglang-pull /usr/local/sbin/sglang-pull; systemctl daemon-reload",
+        check=False,
+    )
+
+
+def tool_env() -> dict:
+    # The clone has no .venv and no installed collections: use this checkout's.
+    return dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".ansible" / "collections"),
+        PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+    )
+
+
+def git(repo: Path, *args, **kw) -> str:
+    return run(
+        ["git", "-C", repo, "-c", "user.name=gitops test", "-c", "user.email=gitops@lab.invalid", *args], **kw
+    ).stdout.strip()
+
+
+def set_vars(repo: Path, window: int, key: str) -> None:
+    # The window is the group's setting (what a site changes in a pull request); the key and the fast
+    # verification are this test's.
+    gv = repo / "inventory" / "lab" / "group_vars" / "gpu_nodes" / "sglang.yml"
+    text = gv.read_text()
+    lines = [
+        f"sglang_speculative_draft_window_size: {window}"
+        if ln.startswith("sglang_speculative_draft_window_size:")
+        else ln
+        for ln in text.splitlines()
+    ]
+    gv.write_text("\n".join(lines) + "\n")
+    (repo / TEST_VARS).write_text(
+        "---\n# tests/integration/test_gitops.py\n"
+        f"sglang_api_key: {key}\nsglang_stable_seconds: 5\nsglang_health_count: 2\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def clone(host, tmp_path_factory):
+    """A clone of this repository's HEAD with the lab inventory committed; base deployed."""
+    repo = tmp_path_factory.mktemp("gitops") / "repo"
+    run(["git", "clone", "--quiet", "--no-hardlinks", REPO, repo])
+    rel = host.inventory.relative_to(REPO)
+    (repo / rel).write_text(host.inventory.read_text())
+    set_vars(repo, 2048, SECRET_A)
+    git(repo, "add", "-f", rel, TEST_VARS, "inventory/lab/group_vars/gpu_nodes/sglang.yml")
+    git(repo, "commit", "--quiet", "-m", "base: window 2048")
+    base = git(repo, "rev-parse", "HEAD")
+    r = apply(repo, rel, base, tmp_path_factory.mktemp("apply-base"))
+    assert r.returncode == 0, f"apply of the base commit failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
+    set_vars(repo, 4096, SECRET_B)
+    git(repo, "commit", "--quiet", "-am", "head: window 4096, rotate the API key")
+    return {"repo": repo, "inventory": str(rel), "base": base, "head": git(repo, "rev-parse", "HEAD")}
+
+
+def apply(repo, inventory, ref, out, lock_dir=None, check=False):
+    argv = [
+        TOOLS / "apply",
+        "--repo",
+        repo,
+        "--inventory",
+        inventory,
+        "--ref",
+        ref,
+        "--out",
+        out,
+        "--lock-dir",
+        lock_dir or (Path(out) / "locks"),
+    ]
+    return run(argv, cwd=repo, check=check, env=tool_env())
+
+
+def no_secret(*texts: str) -> None:
+    for text in texts:
+        for secret in (SECRET_A, SECRET_B):
+            assert secret not in text, "a secret value reached the output"
+
+
+def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
+    before = host.state()
+    r = run(
+        [
+            TOOLS / "plan",
+            "--repo",
+            clone["repo"],
+            "--inventory",
+            clone["inventory"],
+            "--base",
+            clone["base"],
+            "--head",
+            clone["head"],
+            "--out",
+            tmp_path,
+        ],
+        cwd=clone["repo"],
+        check=False,
+        env=tool_env(),
+    )
+    assert r.returncode == 2, f"plan should exit 2 (changes):\n{r.stdout}\n{r.stderr}"
+    md = (tmp_path / "plan.md").read_text()
+    summary = json.loads((tmp_path / "plan.json").read_text())
+    log = (tmp_path / "plan-ansible.log").read_text()
+    assert md.startswith("<!-- sglang-gitops-plan -->")
+    assert summary["status"] == "changes" and summary["changed_hosts"] == [host.name]
+    assert f"### {host.name}: WILL RESTART" in md
+    assert "speculative_draft_window_size: 2048 -> 4096" in md
+    entry = summary["hosts"][host.name]
+    assert entry["restart"] is True and "the unit changed" in entry["restart_reasons"]
+    assert entry["running_args_diff"] == [
+        {"key": "speculative_draft_window_size", "running": 2048, "intended": 4096, "source": "server_info"}
+    ]
+    assert (
+        '-    "--speculative-draft-window-size" "2048"' in md
+        and '+    "--speculative-draft-window-size" "4096"' in md
+    )
+    # The rotated key shows as a masked change; its values never.
+    assert {
+        "key": "SGLANG_API_KEY",
+        "change": "changed",
+        "secret": True,
+        "before": "(secret)",
+        "after": "(secret)",
+    } in entry["env_diff"]
+    no_secret(md, json.dumps(summary), log, r.stdout, r.stderr)
+    # P12: nothing on the host changed.
+    assert host.state() == before
+    assert entry["invocation_id"] == before["InvocationID"]
+
+
+def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    # Another deploy of the same inventory holds the lock: this one fails at once and names it.
+    held = os.open(lock_dir / (clone["inventory"].replace("/", "_") + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.write(held, b'{"pid": 4242, "commit": "the-other-deploy"}\n')
+        blocked = apply(clone["repo"], clone["inventory"], clone["head"], tmp_path / "blocked", lock_dir)
+        assert blocked.returncode == 3, blocked.stderr
+        assert "the-other-deploy" in blocked.stderr and "another deploy of" in blocked.stderr
+    finally:
+        os.close(held)
+    before = host.state()
+    r = apply(clone["repo"], clone["inventory"], clone["head"], tmp_path / "out", lock_dir)
+    assert r.returncode == 0, f"apply failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
+    record = json.loads((tmp_path / "out" / "apply.json").read_text())
+    assert record["commit"] == clone["head"] and record["status"] == "verified"
+    after = host.state()
+    assert after["InvocationID"] != before["InvocationID"] and after["ActiveState"] == "active"
+    assert host.server_info(SECRET_B)["speculative_draft_window_size"] == 4096
+    no_secret(r.stdout, r.stderr, (tmp_path / "out" / "apply-ansible.log").read_text())
+    # In sync with git right after the apply: drift exits 0 and the host is untouched.
+    d = run(
+        [
+            TOOLS / "drift",
+            "--repo",
+            clone["repo"],
+            "--inventory",
+            clone["inventory"],
+            "--ref",
+            clone["head"],
+            "--out",
+            tmp_path / "drift",
+        ],
+        cwd=clone["repo"],
+        check=False,
+        env=tool_env(),
+    )
+    assert d.returncode == 0, f"drift right after apply:\n{d.stdout}\n{d.stderr}"
+    assert json.loads((tmp_path / "drift" / "drift.json").read_text())["status"] == "no_change"
+    assert host.state() == after
+
+
+def test_drift_reports_a_hand_edited_unit(host, clone, tmp_path):
+    # By hand: another window in the unit, reloaded and restarted (a "quick fix" on the box).
+    host.ssh(
+        f'sed -i \'s/"--speculative-draft-window-size" "4096"/"--speculative-draft-window-size" "1024"/\''
+        f" {UNIT_PATH} && systemctl daemon-reload && systemctl restart sglang.service"
+    )
+    host.wait_healthy()
+    r = run(
+        [
+            TOOLS / "drift",
+            "--repo",
+            clone["repo"],
+            "--inventory",
+            clone["inventory"],
+            "--ref",
+            clone["head"],
+            "--out",
+            tmp_path,
+        ],
+        cwd=clone["repo"],
+        check=False,
+        env=tool_env(),
+    )
+    assert r.returncode == 2, f"drift should exit 2:\n{r.stdout}\n{r.stderr}"
+    md = (tmp_path / "drift.md").read_text()
+    summary = json.loads((tmp_path / "drift.json").read_text())
+    assert md.startswith("<!-- sglang-gitops-drift -->")
+    assert summary["status"] == "drift" and summary["changed_hosts"] == [host.name]
+    findings = summary["hosts"][host.name]["drift"]
+    assert f"{UNIT_PATH} differs from what git renders" in findings
+    assert any(f.startswith("unit sha256 ") and "last verified deploy" in f for f in findings)
+    assert "running arguments differ from git: speculative_draft_window_size 1024 (git: 4096)" in findings
+    no_secret(md, json.dumps(summary), (tmp_path / "drift-ansible.log").read_text())
+
+
+def git_debs(h: Host) -> Path:
+    """git and what it needs beyond the host's packages, downloaded on the controller (no network there)."""
+    status = DEB_CACHE.parent / f"dpkg-status-{h.name}"
+    DEB_CACHE.mkdir(parents=True, exist_ok=True)
+    status.write_text(h.ssh("cat /var/lib/dpkg/status").stdout)
+    sim = run(
+        ["apt-get", "-s", "-o", f"Dir::State::status={status}", "install", "--no-install-recommends", "git"],
+        timeout=120,
+    )
+    names = [ln.split()[1] for ln in sim.stdout.splitlines() if ln.startswith("Inst ")]
+    assert "git" in names, sim.stdout
+    for old in DEB_CACHE.glob("*.deb"):
+        if old.name.split("_")[0] not in names:
+            old.unlink()
+    missing = [n for n in names if not list(DEB_CACHE.glob(f"{n}_*.deb"))]
+    if missing:
+        run(["apt-get", "download", *missing], cwd=DEB_CACHE, timeout=300)
+    return DEB_CACHE
+
+
+@pytest.fixture
+def git_daemon(host, clone, tmp_path):
+    """A bare copy of the clone served by `git daemon` on the controller end of the host's veth."""
+    served = tmp_path / "served"
+    served.mkdir()
+    bare = served / "sglang-deploy.git"
+    run(["git", "clone", "--quiet", "--bare", clone["repo"], bare])
+    (bare / "git-daemon-export-ok").write_text("")
+    proc = subprocess.Popen(
+        [
+            "git",
+            "daemon",
+            "--reuseaddr",
+            f"--listen={host.controller_address}",
+            "--port=9418",
+            f"--base-path={served}",
+            "--informative-errors",
+            str(served),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            run(
+                ["git", "ls-remote", f"git://{host.controller_address}/sglang-deploy.git"],
+                check=False,
+                timeout=10,
+            ).returncode
+            != 0
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, f"git daemon: {proc.stderr.read()}"
+            time.sleep(0.3)
+        yield {"bare": bare, "url": f"git://{host.controller_address}/sglang-deploy.git"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def pull_run(h: Host) -> tuple[int, str]:
+    """Start one pull run (as the timer would), wait for it, return its result and that run's journal."""
+    rc = h.ssh("systemctl start sglang-pull.service", check=False, timeout=900).returncode
+    invocation = h.ssh("systemctl show -p InvocationID --value sglang-pull.service").stdout.strip()
+    assert invocation, "sglang-pull.service has no InvocationID after a run"
+    log = h.ssh(f"journalctl --sync; journalctl -q -o cat _SYSTEMD_INVOCATION_ID={invocation}").stdout
+    return rc, log
+
+
+def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_path):
+    repo = clone["repo"]
+    key = tmp_path / "signing_key"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gitops-test", "-f", key])
+    pub = (tmp_path / "signing_key.pub").read_text().split()
+    signer = f'gitops@lab.invalid namespaces="git" {pub[0]} {pub[1]}'
+    # The pull branch: head (window 4096) plus a signed commit that only touches a comment.
+    sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"]
+    git(repo, "checkout", "--quiet", "-b", PULL_BRANCH, clone["head"])
+    (repo / TEST_VARS).write_text((repo / TEST_VARS).read_text() + "# applied by sglang-pull\n")
+    git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: signed commit")
+    signed = git(repo, "rev-parse", "HEAD")
+    git(repo, "push", "--quiet", git_daemon["bare"], f"{PULL_BRANCH}:{PULL_BRANCH}")
+
+    debs = git_debs(host)
+    setup = {
+        "sglang_pull_repo_url": git_daemon["url"],
+        "sglang_pull_branch": PULL_BRANCH,
+        "sglang_pull_allowed_signers": [signer],
+        "sglang_pull_inventory": clone["inventory"],
+        "sglang_pull_install_source": "wheelhouse",
+        "sglang_pull_wheelhouse_src": str(WHEELHOUSE / "ansible-core"),
+        "sglang_pull_deb_src": str(debs),
+        # The first run is started by this test, not by the timer.
+        "sglang_pull_on_boot_sec": "1h",
+        "sglang_pull_interval": "1h",
+    }
+    r = run(
+        [VENV_BIN / "ansible-playbook", "-i", host.inventory, "playbooks/pull.yml", "-e", json.dumps(setup)],
+        check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+    )
+    assert r.returncode == 0, f"playbooks/pull.yml failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert host.ssh("systemctl is-enabled sglang-pull.timer").stdout.strip() == "enabled"
+
+    # Tick 1: the signed commit is applied with the deploy's verification (the hand-edited 1024 goes).
+    before = host.state()
+    rc, log = pull_run(host)
+    assert rc == 0, f"pull run failed:\n{log}"
+    assert f"{signed} is signed by gitops@lab.invalid" in log and f"applied and verified {signed}" in log
+    after = host.state()
+    assert after["InvocationID"] != before["InvocationID"]
+    assert host.server_info(SECRET_B)["speculative_draft_window_size"] == 4096
+    state = json.loads(host.ssh("cat /var/lib/sglang-pull/state.json").stdout)
+    assert state["applied"] == signed and state["failed"] is None
+    no_secret(log)
+
+    # Tick 2: same commit, nothing to do, the server is untouched.
+    rc, log = pull_run(host)
+    assert rc == 0 and f"up to date: {PULL_BRANCH} is at {signed}" in log, log
+    assert "running " not in log
+    assert host.state() == after
+
+    # An unsigned commit is refused before any of its files is used; the server is untouched.
+    set_vars(repo, 8192, SECRET_B)
+    git(repo, "commit", "--quiet", "-am", "pull: unsigned commit")
+    unsigned = git(repo, "rev-parse", "HEAD")
+    git(repo, "push", "--quiet", git_daemon["bare"], f"{PULL_BRANCH}:{PULL_BRANCH}")
+    rc, log = pull_run(host)
+    assert (
+        rc != 0 and f"commit {unsigned} is not signed by a key in /etc/sglang-pull/allowed_signers" in log
+    ), log
+    assert host.state() == after
+    assert json.loads(host.ssh("cat /var/lib/sglang-pull/state.json").stdout)["applied"] == signed
+
+
+def test_workflows_pass_actionlint_and_zizmor():
+    workflows = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+    assert len(workflows) >= 3, workflows
+    lint = run([VENV_BIN / "actionlint", "-color=false", *workflows], check=False, timeout=120)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    audit = run(
+        [VENV_BIN / "zizmor", "--offline", "--no-progress", "--min-severity", "informational", *workflows],
+        check=False,
+        timeout=120,
+    )
+    assert audit.returncode == 0, audit.stdout + audit.stderr
