@@ -385,8 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out or os.path.join(args.state_dir, "report")
     rows, stale, states = load_rows(args.state_dir)
     lab = any(r.get("lab_run") for r in rows) or any(s.get("lab_run") for s in states.values())
-    axes = axis_names(rows)
     arg_of = arg_names(args.state_dir, rows)
+    # The plan's axis order (the point files store axes with sorted keys).
+    axes = sorted(axis_names(rows), key=lambda n: list(arg_of).index(n) if n in arg_of else len(arg_of))
     summary = summarise(rows)
     lines = summary_lines(summary, lab)
     os.makedirs(out_dir, exist_ok=True)
