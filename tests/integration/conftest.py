@@ -1,0 +1,242 @@
+"""Shared lab host for tests/integration: one systemd-nspawn host with SGLang deployed (window 2048).
+
+Fixtures:
+  lab_inventory  path of an inventory INSIDE inventory/lab/ (so inventory/lab/group_vars apply) with one
+                 host in gpu_nodes on which `deploy.yml -e window=2048` has just succeeded.
+                 LAB_REUSE_INVENTORY=<path> reuses running hosts (left running at the end); otherwise
+                 `lab/labctl up --first-index $LAB_IT_INDEX (default 100)` starts one, written to
+                 inventory/lab/it-<index>.yml, and `labctl down` stops it at session end.
+  lab_host       a LabHost for that inventory: ssh(), playbook(), state(), history().
+
+Tests that change the host restore the baseline with LabHost.restore_baseline() before they end, so the
+next test (of any file) starts from the deployed window-2048 configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_INVENTORY_DIR = REPO / "inventory" / "lab"
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+LABCTL = REPO / "lab" / "labctl"
+WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
+
+UNIT = "sglang.service"
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+ENV_PATH = "/etc/sglang/sglang.env"
+HISTORY_PATH = "/var/lib/sglang-deploy/history.jsonl"
+BASELINE_WINDOW = 2048
+
+# Restarts in these tests wait for a short stability window (the role default is 30 s); the crash
+# that rollback tests inject happens well inside it. JSON extra vars keep the integer an integer.
+FAST_VERIFY = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
+
+
+def ansible_env() -> dict[str, str]:
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+    )
+
+
+@dataclass
+class HostState:
+    """What "the host is exactly as before" compares."""
+
+    unit_sha256: str
+    env_sha256: str
+    invocation_id: str
+    main_pid: int
+    active_state: str
+    history_lines: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class LabHost:
+    def __init__(self, inventory: Path):
+        self.inventory = Path(inventory)
+        data = yaml.safe_load(self.inventory.read_text())
+        hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
+        self.name = sorted(hosts)[0]
+        self.vars = hosts[self.name]
+
+    # -- transport ---------------------------------------------------------------------------------
+    def ssh(self, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+        hv = self.vars
+        argv = [
+            "ssh",
+            "-i",
+            hv["ansible_ssh_private_key_file"],
+            *shlex.split(hv.get("ansible_ssh_common_args", "")),
+            "-o",
+            "BatchMode=yes",
+            f"{hv.get('ansible_user', 'root')}@{hv['ansible_host']}",
+            command,
+        ]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"ssh {self.name} {command!r} -> rc {r.returncode}: {r.stderr.strip()}")
+        return r
+
+    def read_bytes(self, path: str) -> bytes:
+        hv = self.vars
+        argv = [
+            "ssh",
+            "-i",
+            hv["ansible_ssh_private_key_file"],
+            *shlex.split(hv.get("ansible_ssh_common_args", "")),
+            "-o",
+            "BatchMode=yes",
+            f"{hv.get('ansible_user', 'root')}@{hv['ansible_host']}",
+            f"cat {shlex.quote(path)}",
+        ]
+        return subprocess.run(argv, capture_output=True, check=True, timeout=60).stdout
+
+    def playbook(
+        self,
+        *args: str,
+        extra: dict | None = None,
+        playbook: str | Path = "deploy.yml",
+        timeout: int = 600,
+    ) -> subprocess.CompletedProcess:
+        """ansible-playbook against this host only.
+
+        ``extra`` goes in as ``-e @file`` (JSON, types kept): a secret in it never appears on the
+        ansible-playbook command line, so a sentinel found in the output was printed by Ansible.
+        """
+        argv = [str(ANSIBLE_PLAYBOOK), "-i", str(self.inventory), "--limit", f"{self.name},localhost"]
+        argv.append(str(playbook))
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="it-extra-") as handle:
+            if extra:
+                json.dump(extra, handle)
+                handle.flush()
+                argv += ["-e", "@" + handle.name]
+            argv += list(args)
+            return subprocess.run(
+                argv, cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=timeout
+            )
+
+    # -- state -------------------------------------------------------------------------------------
+    def state(self) -> HostState:
+        return parse_state(self.ssh(STATE_SCRIPT).stdout)
+
+    # For generated playbooks that read the state in a task (test modules cannot import conftest).
+    @property
+    def state_script(self) -> str:
+        return STATE_SCRIPT
+
+    @staticmethod
+    def parse_state(stdout: str) -> HostState:
+        return parse_state(stdout)
+
+    def history(self) -> list[dict]:
+        text = self.ssh(f"cat {HISTORY_PATH} 2>/dev/null || true").stdout
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def cmdline(self, pid: int) -> list[str]:
+        raw = self.read_bytes(f"/proc/{pid}/cmdline")
+        return [part.decode("utf-8") for part in raw.split(b"\0")[:-1]]
+
+    # -- baseline ----------------------------------------------------------------------------------
+    def deploy_baseline(self, fast: bool = False) -> subprocess.CompletedProcess:
+        r = self.playbook("-e", f"window={BASELINE_WINDOW}", extra=FAST_VERIFY if fast else None)
+        if r.returncode != 0:
+            raise AssertionError(
+                f"baseline deploy (window={BASELINE_WINDOW}) on {self.name} failed, rc {r.returncode}:\n"
+                + r.stdout[-6000:]
+                + r.stderr[-2000:]
+            )
+        return r
+
+    def restore_baseline(self) -> None:
+        """Deploy the baseline again (a no-change run when nothing drifted)."""
+        self.deploy_baseline(fast=True)
+
+
+# One shell round trip that reads everything HostState compares (also run by generated playbooks).
+STATE_SCRIPT = (
+    f"echo unit=$(sha256sum < {UNIT_PATH} | cut -d' ' -f1); "
+    f"echo env=$(sha256sum < {ENV_PATH} | cut -d' ' -f1); "
+    f"systemctl show -p InvocationID -p MainPID -p ActiveState {UNIT}; "
+    f"echo history=$(cat {HISTORY_PATH} 2>/dev/null | wc -l)"
+)
+
+
+def parse_state(stdout: str) -> HostState:
+    values = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+    return HostState(
+        unit_sha256=values["unit"],
+        env_sha256=values["env"],
+        invocation_id=values.get("InvocationID", ""),
+        main_pid=int(values.get("MainPID", "0")),
+        active_state=values.get("ActiveState", ""),
+        history_lines=int(values["history"]),
+    )
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _prerequisites() -> str | None:
+    if os.geteuid() != 0:
+        return "lab hosts need root"
+    if not shutil.which("systemd-nspawn"):
+        return "lab hosts need systemd-nspawn (make deps)"
+    if not ANSIBLE_PLAYBOOK.exists():
+        return "no controller toolchain in .venv (make venv)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab_inventory():
+    reuse = os.environ.get("LAB_REUSE_INVENTORY")
+    if reuse:
+        path = Path(reuse).resolve()
+        if LAB_INVENTORY_DIR.resolve() not in path.parents:
+            pytest.fail(
+                f"LAB_REUSE_INVENTORY={reuse}: must be inside {LAB_INVENTORY_DIR} so that its group_vars "
+                "(the lab settings) apply"
+            )
+        LabHost(path).deploy_baseline()
+        yield path
+        return
+    missing = _prerequisites()
+    if missing:
+        pytest.skip(missing)
+    if not any(WHEELHOUSE.glob("sglang-*.whl")):
+        pytest.fail(f"no sglang wheel in {WHEELHOUSE}: run `make wheelhouse` first")
+    index = int(os.environ.get("LAB_IT_INDEX", "100"))
+    path = LAB_INVENTORY_DIR / f"it-{index}.yml"
+    subprocess.run(
+        [str(LABCTL), "up", "--hosts", "1", "--first-index", str(index), "--inventory", str(path)],
+        check=True,
+        cwd=REPO,
+    )
+    try:
+        LabHost(path).deploy_baseline()
+        yield path
+    finally:
+        subprocess.run([str(LABCTL), "down", "--inventory", str(path)], check=False, cwd=REPO)
+
+
+@pytest.fixture(scope="session")
+def lab_host(lab_inventory) -> LabHost:
+    return LabHost(lab_inventory)
