@@ -64,13 +64,19 @@ lint: venv
 	$(BIN)/ruff check .
 
 unit: venv sglang-venv
-	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q tests/unit
+	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -m "not lab" tests/unit
 
 lab-server: venv sglang-venv
 	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q tests/lab_server
 
+# One shared lab host (lab100) carries every integration test that needs SGLang deployed;
+# the tests of the lab tooling, the GPU roles and the weights bring up small hosts of their own.
+IT_INVENTORY := inventory/lab/it.yml
 integration: deps venv wheelhouse
-	$(BIN)/pytest -q -m lab tests
+	lab/labctl up --hosts 1 --first-index 100 --inventory $(IT_INVENTORY)
+	rc=0; LAB_REUSE_INVENTORY=$(CURDIR)/$(IT_INVENTORY) SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
+	  $(BIN)/pytest -q -m lab tests --ignore=tests/lab_server || rc=$$?; \
+	  lab/labctl down --inventory $(IT_INVENTORY); exit $$rc
 
 molecule: deps venv wheelhouse
 	cd molecule/.. && $(BIN)/molecule test --all --exclude gpu
