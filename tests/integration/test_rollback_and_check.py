@@ -1,0 +1,193 @@
+"""Check mode, awkward-but-legal values, secrets and rollback, against the shared lab host.
+
+Order (one module, tests depend on the module fixtures, run top to bottom):
+  1. check mode on the baseline (window 2048): `-e window=4096 --check --diff` shows 2048 -> 4096 in the
+     unit diff and in the argument diff, and changes nothing;
+  2. one real deploy with awkward values (a model path with spaces and %, a served name with $ and
+     quotes) and a sentinel API key: the argv systemd runs (/proc/<MainPID>/cmdline) equals the intended
+     argv, the sentinel appears nowhere but in the root-only env file, the verifier works with the key;
+     then a `--check --diff -vvvv` run with the key shows no sentinel either;
+  3. on top of that verified configuration, a change that crashes after start (SGLANG_LAB_CRASH_AFTER):
+     the run fails, says what failed and what was restored, the host is back on the good files with a
+     new verified invocation, and history has a rolled_back record;
+  4. the module's finalizer deploys the baseline again and removes the model copy.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+SENTINEL = "SENTINEL-SECRET-9f3c"
+AWKWARD_MODEL = "/srv/models/lab target 100%"
+AWKWARD_NAME = "lab \"$HOME\" 'q' 100%"
+# The lab launcher (inventory/lab/group_vars/lab/lab.yml) with the role's default venv.
+LAUNCHER = ["/opt/sglang/venv/bin/python", "/opt/sglang-lab/sglang_lab_server.py"]
+
+
+def flat(r) -> str:
+    """Output with whitespace normalised (the yaml result format folds long lines)."""
+    return " ".join((r.stdout + r.stderr).split())
+
+
+def recap(text: str) -> str:
+    return text[text.rindex("PLAY RECAP") :]
+
+
+def value_after(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+def test_check_mode_shows_window_change_and_changes_nothing(lab_host):
+    before = lab_host.state()
+    unit_before = lab_host.read_bytes("/etc/systemd/system/sglang.service")
+    r = lab_host.playbook("-e", "window=4096", "--check", "--diff")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    # The unit diff: the ExecStart line that carries the window, old and new (one line per flag).
+    assert '-    "--speculative-draft-window-size" "2048" \\' in out, out[-6000:]
+    assert '+    "--speculative-draft-window-size" "4096" \\' in out, out[-6000:]
+    # The argument diff of the verifier: running 2048, intended 4096.
+    text = flat(r)
+    assert "speculative_draft_window_size" in text
+    assert "Would restart sglang.service" in text
+    diff_at = text.index("Show how the running arguments differ from the intended ones")
+    diff_text = text[diff_at : diff_at + 1500]
+    assert "2048" in diff_text and "4096" in diff_text, diff_text
+    # Nothing changed on the host.
+    assert lab_host.state() == before
+    assert lab_host.read_bytes("/etc/systemd/system/sglang.service") == unit_before
+
+
+@pytest.fixture(scope="module")
+def awkward_secret(lab_host):
+    """A verified deploy with awkward values and the sentinel key; the baseline is restored after."""
+    copy = shlex.quote(AWKWARD_MODEL)
+    lab_host.ssh(f"rm -rf {copy} && cp -a /srv/models/lab-target {copy}")
+    extra = {
+        "sglang_model_path": AWKWARD_MODEL,
+        "sglang_served_model_name": AWKWARD_NAME,
+        "sglang_api_key": SENTINEL,
+        "sglang_stable_seconds": 6,
+        "sglang_health_count": 2,
+    }
+    before = lab_host.state()
+    r = lab_host.playbook("-e", "window=2048", extra=extra)
+    try:
+        yield {"extra": extra, "deploy": r, "before": before, "after": lab_host.state()}
+    finally:
+        lab_host.restore_baseline()
+        lab_host.ssh(f"rm -rf {shlex.quote(AWKWARD_MODEL)}")
+
+
+def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
+    r = awkward_secret["deploy"]
+    assert r.returncode == 0, (r.stdout + r.stderr)[-8000:]
+    state = awkward_secret["after"]
+    assert state.active_state == "active"
+    assert state.invocation_id != awkward_secret["before"].invocation_id, "the change was not restarted"
+    argv = lab_host.cmdline(state.main_pid)
+    record = lab_host.history()[-1]
+    assert record["result"] == "verified" and record["invocation_id"] == state.invocation_id
+    # The intended argv as the role recorded it (display form: the key as ${SGLANG_API_KEY}),
+    # with the key substituted the way systemd does from the EnvironmentFile.
+    intended = LAUNCHER + [SENTINEL if a == "${SGLANG_API_KEY}" else a for a in shlex.split(record["argv"])]
+    assert argv == intended
+    assert value_after(argv, "--model-path") == AWKWARD_MODEL
+    assert value_after(argv, "--served-model-name") == AWKWARD_NAME
+    # And the server reports the awkward name back (the verifier compared it too).
+    body = lab_host.ssh(
+        "python3 -c " + shlex.quote(
+            "import json,sys,urllib.request as u;"
+            "r=u.Request('http://127.0.0.1:30000/v1/models',headers={'Authorization':'Bearer '+sys.argv[1]});"
+            "print(json.dumps([m['id'] for m in json.load(u.urlopen(r,timeout=10))['data']]))"
+        ) + " " + shlex.quote(SENTINEL)
+    ).stdout
+    assert json.loads(body) == [AWKWARD_NAME]
+
+
+def test_secret_appears_nowhere_but_the_root_only_env_file(lab_host, awkward_secret):
+    r = awkward_secret["deploy"]
+    assert r.returncode == 0
+    assert SENTINEL not in r.stdout + r.stderr
+    unit = lab_host.read_bytes("/etc/systemd/system/sglang.service").decode()
+    assert SENTINEL not in unit
+    assert '"--api-key" "${SGLANG_API_KEY}"' in unit
+    show = lab_host.ssh("systemctl show -p Environment -p ExecStart sglang.service").stdout
+    assert "--api-key ${SGLANG_API_KEY}" in show and SENTINEL not in show
+    history = lab_host.ssh("cat /var/lib/sglang-deploy/history.jsonl").stdout
+    assert SENTINEL not in history
+    # The env file carries it, root only.
+    assert lab_host.ssh("stat -c '%a %U %G' /etc/sglang/sglang.env").stdout.split() == ["600", "root", "root"]
+    env = lab_host.read_bytes("/etc/sglang/sglang.env").decode()
+    assert f'SGLANG_API_KEY="{SENTINEL}"' in env
+
+
+def test_verifier_and_server_require_the_key(lab_host, awkward_secret):
+    probe = (
+        "import sys,urllib.request as u,urllib.error as e\n"
+        "def get(h):\n"
+        "    try:\n"
+        "        return u.urlopen(u.Request('http://127.0.0.1:30000/server_info',headers=h),timeout=10).status\n"
+        "    except e.HTTPError as x:\n"
+        "        return x.code\n"
+        "b='Bearer '\n"
+        "print(get({}), get({'Authorization': b+'wrong'}), get({'Authorization': b+sys.argv[1]}))\n"
+    )
+    codes = lab_host.ssh(f"python3 -c {shlex.quote(probe)} {shlex.quote(SENTINEL)}").stdout.split()
+    assert codes == ["401", "401", "200"]
+    # The verifier used the key: the deploy's running-arguments check read /server_info (Bearer).
+    # (A no-change re-run with the key is at the end of the rollback test.)
+    text = flat(awkward_secret["deploy"])
+    assert "Compare the running server's arguments with the intended ones" in text
+    assert "Bearer" not in text or "Bearer <redacted>" in text
+
+
+def test_check_diff_at_vvvv_shows_no_secret(lab_host, awkward_secret):
+    before = lab_host.state()
+    r = lab_host.playbook("-e", "window=4096", "--check", "--diff", "-vvvv", extra=awkward_secret["extra"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    # -vvvv really printed module arguments and results (the run is not silently quiet).
+    assert "sglang_running_args" in out and "module_args" in out
+    assert '+    "--speculative-draft-window-size" "4096" \\' in out
+    assert SENTINEL not in out
+    assert lab_host.state() == before
+
+
+def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, awkward_secret):
+    good = lab_host.state()
+    crash = dict(awkward_secret["extra"], sglang_environment={"SGLANG_LAB_CRASH_AFTER": "3"})
+    r = lab_host.playbook("-e", "window=2048", extra=crash)
+    text = flat(r)
+    assert r.returncode != 0, "a crashing change must fail the run even though the rollback succeeded"
+    assert SENTINEL not in r.stdout + r.stderr
+    after = lab_host.state()
+    # What failed, why the restart happened, and what was restored, in the one failure message.
+    assert "Deploy of sglang.service on " + lab_host.name + " FAILED (the environment file changed)" in text
+    assert "ROLLED BACK to the known-good configuration" in text
+    start = text.index("Deploy of sglang.service")
+    print("rollback message:", text[start : text.index("known-good", text.index("ROLLED BACK") + 40) + 60])
+    assert f"verified again: invocation {after.invocation_id}" in text
+    # Back on the good files, with a NEW invocation that was verified.
+    assert after.active_state == "active"
+    assert (after.unit_sha256, after.env_sha256) == (good.unit_sha256, good.env_sha256)
+    assert after.invocation_id != good.invocation_id
+    records = lab_host.history()
+    assert records[-1]["result"] == "rolled_back"
+    assert records[-1]["invocation_id"] == after.invocation_id
+    assert records[-1]["restored_invocation_id"] == good.invocation_id
+    assert records[-1]["env_sha256"] == good.env_sha256
+    assert "SGLANG_LAB_CRASH_AFTER" not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
+    # The restored server is exactly what the role renders for the good settings: a re-run of them
+    # (with the key) changes nothing and verifies the running invocation.
+    r = lab_host.playbook("-e", "window=2048", extra=awkward_secret["extra"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    assert "changed=0" in recap(r.stdout)
+    assert SENTINEL not in r.stdout + r.stderr
+    assert lab_host.state() == after
