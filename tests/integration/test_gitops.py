@@ -453,16 +453,6 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
     sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"]
     git(repo, "checkout", "--quiet", "-b", PULL_BRANCH, clone["head"])
     (repo / TEST_VARS).write_text((repo / TEST_VARS).read_text() + "# applied by sglang-pull\n")
-    # A host in pull mode is its own controller: it installs SGLang from a source it reaches itself
-    # (the lab wheelhouse is on the real controller). SGLang is installed already, so nothing changes.
-    inv_path = repo / clone["inventory"]
-    inv = yaml.safe_load(inv_path.read_text())
-    inv["all"]["children"]["gpu_nodes"]["hosts"][host.name]["sglang_install_source"] = "pypi"
-    inv_path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: signed commit")
-    signed = git(repo, "rev-parse", "HEAD")
-    git(repo, "push", "--quiet", git_daemon["bare"], f"{PULL_BRANCH}:{PULL_BRANCH}")
-
     debs = git_debs(host)
     setup = {
         "sglang_pull_repo_url": git_daemon["url"],
@@ -476,6 +466,18 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
         "sglang_pull_on_boot_sec": "1h",
         "sglang_pull_interval": "1h",
     }
+    # A host in pull mode is its own controller: it installs SGLang from a source it reaches itself
+    # (the lab wheelhouse is on the real controller). SGLang is installed already, so nothing changes.
+    inv_path = repo / clone["inventory"]
+    inv = yaml.safe_load(inv_path.read_text())
+    # The pull settings live in the inventory beside the sglang ones, as on a site (the deploy of every
+    # pull run must accept them).
+    inv["all"]["children"]["gpu_nodes"]["hosts"][host.name].update(setup, sglang_install_source="pypi")
+    inv_path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: signed commit")
+    signed = git(repo, "rev-parse", "HEAD")
+    git(repo, "push", "--quiet", git_daemon["bare"], f"{PULL_BRANCH}:{PULL_BRANCH}")
+
     r = run(
         [VENV_BIN / "ansible-playbook", "-i", host.inventory, "playbooks/pull.yml", "-e", json.dumps(setup)],
         check=False,
