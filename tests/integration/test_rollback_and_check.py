@@ -1,12 +1,11 @@
 """Check mode, awkward-but-legal values, secrets and rollback, against the shared lab host.
 
 Order (one module, tests depend on the module fixtures, run top to bottom):
-  1. check mode on the baseline (window 2048): `-e window=4096 --check --diff` shows 2048 -> 4096 in the
-     unit diff and in the argument diff, and changes nothing;
-  2. one real deploy with awkward values (a model path with spaces and %, a served name with $ and
+  1. one real deploy with awkward values (a model path with spaces and %, a served name with $ and
      quotes) and a sentinel API key: the argv systemd runs (/proc/<MainPID>/cmdline) equals the intended
      argv, the sentinel appears nowhere but in the root-only env file, the verifier works with the key;
-     then a `--check --diff -vvvv` run with the key shows no sentinel either;
+  2. `-e window=4096 --check --diff -vvvv` with the key: shows 2048 -> 4096 in the unit diff and in the
+     argument diff, no sentinel, and changes nothing;
   3. on top of that verified configuration, a change that crashes after start (SGLANG_LAB_CRASH_AFTER):
      the run fails, says what failed and what was restored, the host is back on the good files with a
      new verified invocation, and history has a rolled_back record;
@@ -41,27 +40,6 @@ def recap(text: str) -> str:
 def value_after(argv: list[str], flag: str) -> str:
     assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
     return argv[argv.index(flag) + 1]
-
-
-def test_check_mode_shows_window_change_and_changes_nothing(lab_host):
-    before = lab_host.state()
-    unit_before = lab_host.read_bytes("/etc/systemd/system/sglang.service")
-    r = lab_host.playbook("-e", "window=4096", "--check", "--diff")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    # The unit diff: the ExecStart line that carries the window, old and new (one line per flag).
-    assert '-    "--speculative-draft-window-size" "2048" \\' in out, out[-6000:]
-    assert '+    "--speculative-draft-window-size" "4096" \\' in out, out[-6000:]
-    # The argument diff of the verifier: running 2048, intended 4096.
-    text = flat(r)
-    assert "speculative_draft_window_size" in text
-    assert "Would restart sglang.service" in text
-    diff_at = text.index("Show how the running arguments differ from the intended ones")
-    diff_text = text[diff_at : diff_at + 1500]
-    assert "2048" in diff_text and "4096" in diff_text, diff_text
-    # Nothing changed on the host.
-    assert lab_host.state() == before
-    assert lab_host.read_bytes("/etc/systemd/system/sglang.service") == unit_before
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +126,45 @@ def test_verifier_and_server_require_the_key(lab_host, awkward_secret):
     assert "Bearer" not in text or "Bearer <redacted>" in text
 
 
-def test_check_diff_at_vvvv_shows_no_secret(lab_host, awkward_secret):
+@pytest.fixture(scope="module")
+def check_run(lab_host, awkward_secret):
+    """ONE `-e window=4096 --check --diff -vvvv` run on the verified deploy with the key."""
     before = lab_host.state()
+    unit_before = lab_host.read_bytes("/etc/systemd/system/sglang.service")
     r = lab_host.playbook("-e", "window=4096", "--check", "--diff", "-vvvv", extra=awkward_secret["extra"])
+    return {
+        "run": r,
+        "before": before,
+        "after": lab_host.state(),
+        "unit_before": unit_before,
+        "unit_after": lab_host.read_bytes("/etc/systemd/system/sglang.service"),
+    }
+
+
+def test_check_mode_shows_window_change_and_changes_nothing(check_run):
+    r = check_run["run"]
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
+    # The unit diff: the ExecStart line that carries the window, old and new (one line per flag).
+    assert '-    "--speculative-draft-window-size" "2048" \\' in out, out[-6000:]
+    assert '+    "--speculative-draft-window-size" "4096" \\' in out, out[-6000:]
+    # The argument diff of the verifier: running 2048, intended 4096.
+    text = flat(r)
+    assert "Would restart sglang.service" in text
+    shown = text.index("TASK [sglang : Show how the running arguments differ from the intended ones]")
+    diff_text = text[shown : text.index("TASK [", shown + 10)]
+    assert "speculative_draft_window_size" in diff_text, diff_text
+    assert "2048" in diff_text and "4096" in diff_text, diff_text
+    # Nothing changed on the host.
+    assert check_run["after"] == check_run["before"]
+    assert check_run["unit_after"] == check_run["unit_before"]
+
+
+def test_check_diff_at_vvvv_shows_no_secret(check_run):
+    out = check_run["run"].stdout + check_run["run"].stderr
     # -vvvv really printed module arguments and results (the run is not silently quiet).
     assert "sglang_running_args" in out and "module_args" in out
-    assert '+    "--speculative-draft-window-size" "4096" \\' in out
     assert SENTINEL not in out
-    assert lab_host.state() == before
 
 
 def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, awkward_secret):
