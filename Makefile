@@ -62,6 +62,8 @@ lint: venv
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint
 	$(BIN)/ruff check .
+	$(BIN)/actionlint -color=false .github/workflows/*.yml
+	$(BIN)/zizmor --offline --no-progress .github/workflows/
 
 unit: venv sglang-venv
 	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -m "not lab" tests/unit
