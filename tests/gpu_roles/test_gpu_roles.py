@@ -11,18 +11,22 @@ in $GPU_ROLES_INVENTORY, which is then neither started nor stopped here).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
-import subprocess
-import sys
-import textwrap
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from apt_fixture import (
+    CUDA_PACKAGE,
+    NEWER,
+    OPEN_PACKAGES,
+    REFUSED_PACKAGE,
+    VERSION,
+    driver_repo_settings,
+    recap,
+    run,
+    serve_repo,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -30,84 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / '.venv' / 'bin'
 INDEX = int(os.environ.get('GPU_ROLES_LAB_INDEX', '70'))
 PORT = 8770
-VERSION = '580.126.09'
-NEWER = '590.44.01'
-OPEN_PACKAGES = ['nvidia-kernel-open-dkms', 'nvidia-driver-cuda', 'nvidia-persistenced', 'nvidia-modprobe']
-PERSISTENCED_UNIT = """\
-[Unit]
-Description=NVIDIA Persistence Daemon (TEST FIXTURE)
-
-[Service]
-Type=forking
-ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced
-ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-
-def run(cmd, **kw):
-    kw.setdefault('check', True)
-    kw.setdefault('capture_output', True)
-    kw.setdefault('text', True)
-    return subprocess.run(cmd, **kw)
-
-
-def build_deb(out: Path, name: str, version: str, files: dict[str, str] | None = None) -> Path:
-    root = out / f'build-{name}-{version}'
-    (root / 'DEBIAN').mkdir(parents=True)
-    (root / 'DEBIAN' / 'control').write_text(textwrap.dedent(f"""\
-        Package: {name}
-        Version: {version}
-        Architecture: amd64
-        Maintainer: sglang-deploy tests <tests@invalid>
-        Section: non-free/libs
-        Priority: optional
-        Description: TEST FIXTURE - not the NVIDIA driver
-         Empty package with the name and version of NVIDIA's {name}, built by tests/gpu_roles.
-        """))
-    for rel, content in (files or {}).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    deb = out / f'{name}_{version}_amd64.deb'
-    run(['dpkg-deb', '--root-owner-group', '--build', str(root), str(deb)])
-    shutil.rmtree(root)
-    return deb
-
-
-def build_repo(repo: Path, gnupg: Path) -> dict:
-    repo.mkdir(parents=True)
-    debs = {}
-    for version in (f'{VERSION}-1', f'{NEWER}-1'):
-        for name in OPEN_PACKAGES:
-            files = {'lib/systemd/system/nvidia-persistenced.service': PERSISTENCED_UNIT} \
-                if name == 'nvidia-persistenced' else None
-            debs[(name, version)] = build_deb(repo, name, version, files)
-    debs[('nvidia-kernel-dkms', f'{VERSION}-1')] = build_deb(repo, 'nvidia-kernel-dkms', f'{VERSION}-1')
-    debs[('cuda-toolkit-13-0', '13.0.2-1')] = build_deb(
-        repo, 'cuda-toolkit-13-0', '13.0.2-1', {'usr/local/cuda-13.0/bin/.fixture': 'TEST FIXTURE\n'})
-    packages = run(['dpkg-scanpackages', '--multiversion', '.', '/dev/null'], cwd=repo).stdout
-    (repo / 'Packages').write_text(packages)
-    data = (repo / 'Packages').read_bytes()
-    release = textwrap.dedent(f"""\
-        Origin: sglang-deploy TEST FIXTURE
-        Label: sglang-deploy TEST FIXTURE
-        Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}
-        SHA256:
-         {hashlib.sha256(data).hexdigest()} {len(data)} Packages
-        """)
-    (repo / 'Release').write_text(release)
-    gnupg.mkdir(mode=0o700)
-    env = dict(os.environ, GNUPGHOME=str(gnupg))
-    run(['gpg', '--batch', '--passphrase', '', '--quick-gen-key',
-         'sglang-deploy TEST FIXTURE repository key', 'ed25519', 'sign', '1d'], env=env)
-    run(['gpg', '--batch', '--yes', '--clearsign', '-o', str(repo / 'InRelease'), str(repo / 'Release')],
-        env=env)
-    key = run(['gpg', '--batch', '--armor', '--export'], env=env).stdout
-    (repo / 'test-key.asc').write_text(key)
-    return {'debs': debs, 'key_sha256': hashlib.sha256(key.encode()).hexdigest()}
 
 
 @pytest.fixture(scope='module')
@@ -136,27 +62,10 @@ def served_repo(lab, tmp_path_factory):
                            '/etc/apt/sources.list.gpu-roles-test"')
     assert rc == 0, out
     reset_host(lab)
-    base = tmp_path_factory.mktemp('aptrepo')
-    info = build_repo(base / 'repo', base / 'gnupg')
-    server = subprocess.Popen(
-        [sys.executable, '-m', 'http.server', str(PORT), '--bind', lab['address'],
-         '--directory', str(base / 'repo')],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f'http://{lab["address"]}:{PORT}/Release', timeout=2).close()
-                break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        info['url'] = f'http://{lab["address"]}:{PORT}/'
-        info['dir'] = base / 'repo'
-        yield info
+        with serve_repo(tmp_path_factory.mktemp('aptrepo'), lab['address'], PORT) as info:
+            yield info
     finally:
-        server.terminate()
-        server.wait(timeout=10)
         on_host(lab, 'sh -c "test ! -e /etc/apt/sources.list.gpu-roles-test || mv '
                      '/etc/apt/sources.list.gpu-roles-test /etc/apt/sources.list"')
 
@@ -174,7 +83,7 @@ ROLE_FILES = [
 
 def reset_host(lab):
     """Remove what an earlier run left, so the first run below starts from a fresh host."""
-    names = ' '.join([*OPEN_PACKAGES, 'nvidia-kernel-dkms', 'cuda-toolkit-13-0'])
+    names = ' '.join([*OPEN_PACKAGES, REFUSED_PACKAGE, CUDA_PACKAGE])
     script = (f'systemctl disable nvidia-device-nodes.service nvidia-persistenced.service 2>/dev/null; '
               f'dpkg --purge --force-hold {names} >/dev/null; rm -f {" ".join(ROLE_FILES)}; '
               'systemctl daemon-reload')
@@ -184,9 +93,7 @@ def reset_host(lab):
 
 def playbook(lab, served_repo, tmp_path, extra=None, expect_rc=0):
     values = {
-        'nvidia_driver_repo_url': served_repo['url'],
-        'nvidia_driver_repo_key_url': served_repo['url'] + 'test-key.asc',
-        'nvidia_driver_repo_key_checksum': 'sha256:' + served_repo['key_sha256'],
+        **driver_repo_settings(served_repo),
         'nvidia_driver_version': VERSION,
         'nvidia_driver_reboot_allowed': False,
         'nvidia_gpu_check_enabled': False,
@@ -203,12 +110,6 @@ def playbook(lab, served_repo, tmp_path, extra=None, expect_rc=0):
     assert proc.returncode == expect_rc, out[-6000:]
     # the yaml result format wraps long messages: compare with whitespace collapsed
     return ' '.join(out.split())
-
-
-def recap(out, host):
-    match = re.search(rf'{host} : ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)', out)
-    assert match, out[-3000:]
-    return dict(zip(('ok', 'changed', 'unreachable', 'failed'), map(int, match.groups())))
 
 
 def on_host(lab, command):
@@ -270,7 +171,7 @@ def test_reboot_decision_paths(lab, served_repo, tmp_path):
 
 
 def test_installed_proprietary_module_fails_the_run(lab, served_repo, tmp_path):
-    deb = served_repo['debs'][('nvidia-kernel-dkms', f'{VERSION}-1')]
+    deb = served_repo['debs'][(REFUSED_PACKAGE, f'{VERSION}-1')]
     # the lab host (Debian minbase) has no curl: fetch with its python
     rc, out = on_host(lab, f'python3 -c "import urllib.request as u; '
                            f'u.urlretrieve(\'{served_repo["url"]}{deb.name}\', \'/tmp/{deb.name}\')"')
