@@ -162,7 +162,8 @@ def driver_repo_settings(info: dict) -> dict:
 
 def recap(out: str, host: str) -> dict[str, int]:
     """The PLAY RECAP counters of `host` in ansible-playbook output (whitespace may be collapsed)."""
-    match = re.search(rf'{re.escape(host)}\s+: ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)', out)
+    match = re.search(rf'(?<![\w.-]){re.escape(host)}\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)'
+                      rf'\s+failed=(\d+)', out)
     if not match:
         raise AssertionError(f'no PLAY RECAP line for {host}:\n{out[-3000:]}')
     return dict(zip(('ok', 'changed', 'unreachable', 'failed'), map(int, match.groups())))
