@@ -1,0 +1,211 @@
+"""The sglang role converges from states that an earlier run left behind, on the shared lab host.
+
+1. Interrupted deploy: a `-e window=4096` run killed after it wrote the unit and reloaded systemd but
+   before the verified restart leaves the 4096 unit on disk while the server still runs 2048. Made
+   deterministic here: the 4096 unit (byte for byte what the role renders, which the next run's
+   template task confirms by changing nothing) is written over ssh and systemd reloaded. Check mode
+   then says it would restart because the unit on disk is not the last verified one; the real run
+   restarts, verifies 4096 and records it; a re-run is changed=0 on the same invocation.
+2. Install marker: appending a requirement to sglang_dependency_requirements (one the installed venv
+   already satisfies) re-runs the pip install and records the new list's hash in the marker; the same
+   list again is a no-op; going back to the lab list installs again (the restore). These runs push a
+   wheelhouse of hard links to just the sglang and idna wheels of the lab wheelhouse instead of its
+   3 GB: pip reads --find-links only for what is not installed yet, so the runs also prove that the
+   re-run install is incremental (a requirement pip had to install would fail them).
+
+Each test restores the baseline (window 2048, the lab requirement list) before it ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+KNOWN_GOOD_UNIT = "/var/lib/sglang-deploy/known-good/sglang.service"
+MARKER_PATH = "/opt/sglang/venv/sglang-deploy-install.json"
+# The lab requirement list, read the way inventory/lab/group_vars/lab/lab.yml reads it.
+LAB_REQUIREMENTS = [
+    line.strip()
+    for line in (REPO / "lab" / "requirements-sglang-lab.txt").read_text().splitlines()
+    if line.strip() and not line.strip().startswith("#")
+]
+# Satisfied by the pinned idna of the lab list: pip has nothing to fetch, the wheelhouse has it.
+EXTRA_REQUIREMENT = "idna>=3"
+# A restart in these tests waits for a short stability window (the lab default is 3 s).
+FAST_VERIFY = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
+WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
+# Task names of roles/sglang.
+RENDER_UNIT = "Render the systemd unit"
+RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
+INSTALL = "Install SGLang into the virtualenv"
+INSTALL_DEPS = "Install the dependency requirements from the wheelhouse"
+RECORD_INSTALL = "Record what was installed into the virtualenv"
+
+
+def flat(r) -> str:
+    """Output with whitespace normalised (the yaml result format folds long lines)."""
+    return " ".join((r.stdout + r.stderr).split())
+
+
+def recap(r) -> str:
+    return r.stdout[r.stdout.rindex("PLAY RECAP") :]
+
+
+def task_status(r, name: str) -> str | None:
+    """The first status word ("ok", "changed", "skipping", ...) printed under TASK [sglang : name]."""
+    m = re.search(r"TASK \[sglang : " + re.escape(name) + r"\][^\n]*\n(?:[^\n]*\n)*?(\w+): \[", r.stdout)
+    return m.group(1) if m else None
+
+
+def requirements_sha256(requirements: list[str]) -> str:
+    """What roles/sglang records: sha256 of the list as Ansible's to_json writes it."""
+    return hashlib.sha256(json.dumps(requirements).encode()).hexdigest()
+
+
+def window_of(lab_host, pid: int) -> str:
+    argv = lab_host.cmdline(pid)
+    assert argv.count("--speculative-draft-window-size") == 1, argv
+    return argv[argv.index("--speculative-draft-window-size") + 1]
+
+
+def ok(r) -> None:
+    assert r.returncode == 0, (r.stdout + r.stderr)[-8000:]
+
+
+def run(lab_host, label: str, *args: str, extra: dict) -> subprocess.CompletedProcess:
+    """lab_host.playbook, with its wall time printed (the suite's time budget is tight)."""
+    start = time.monotonic()
+    r = lab_host.playbook(*args, extra=extra)
+    print(f"{label}: rc {r.returncode} in {time.monotonic() - start:.1f} s")
+    return r
+
+
+def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
+    before = lab_host.state()
+    assert before.active_state == "active"
+    assert window_of(lab_host, before.main_pid) == "2048"
+    baseline_unit = lab_host.read_bytes(UNIT_PATH).decode()
+    assert baseline_unit.count(WINDOW_FLAG.format(2048)) == 1, baseline_unit
+    assert lab_host.read_bytes(KNOWN_GOOD_UNIT).decode() == baseline_unit
+    interrupted = baseline_unit.replace(WINDOW_FLAG.format(2048), WINDOW_FLAG.format(4096)).encode()
+    try:
+        # The interrupted run: the new unit in place (same owner and mode), systemd reloaded, no restart.
+        payload = base64.b64encode(interrupted).decode()
+        lab_host.ssh(
+            f"echo {payload} | base64 -d > {UNIT_PATH}.it-new && chmod 0644 {UNIT_PATH}.it-new"
+            f" && mv {UNIT_PATH}.it-new {UNIT_PATH} && systemctl daemon-reload"
+        )
+        assert lab_host.ssh("systemctl show -p NeedDaemonReload sglang.service").stdout.strip() == (
+            "NeedDaemonReload=no"
+        )
+        stale = lab_host.state()
+        assert (stale.invocation_id, stale.active_state) == (before.invocation_id, "active")
+        assert window_of(lab_host, stale.main_pid) == "2048"
+
+        # Check mode: the template matches the file on disk, yet the restart is announced.
+        r = run(lab_host, "check mode", "-e", "window=4096", "--check", "--diff", extra=FAST_VERIFY)
+        ok(r)
+        assert task_status(r, RENDER_UNIT) == "ok", r.stdout[-6000:]
+        assert (
+            "Would restart sglang.service and verify it: the unit on disk is not the one last verified"
+            f" ({KNOWN_GOOD_UNIT})" in flat(r)
+        ), r.stdout[-6000:]
+        assert lab_host.state() == stale
+
+        # The next real run: same settings, the unit is not rewritten, the restart still happens.
+        r = run(lab_host, "deploy after the interruption", "-e", "window=4096", extra=FAST_VERIFY)
+        ok(r)
+        assert task_status(r, RENDER_UNIT) == "ok", r.stdout[-6000:]
+        assert task_status(r, RESTART) == "changed"
+        after = lab_host.state()
+        assert after.active_state == "active"
+        assert after.invocation_id != stale.invocation_id
+        assert after.unit_sha256 == hashlib.sha256(interrupted).hexdigest()
+        assert window_of(lab_host, after.main_pid) == "4096"
+        record = lab_host.history()[-1]
+        assert record["result"] == "verified", record
+        assert record["invocation_id"] == after.invocation_id
+        assert record["window"] == 4096
+        assert record["unit_sha256"] == after.unit_sha256
+        assert f"the unit on disk is not the one last verified ({KNOWN_GOOD_UNIT})" in record["reasons"]
+        assert lab_host.read_bytes(KNOWN_GOOD_UNIT) == interrupted
+
+        # Converged: the same run again changes nothing and restarts nothing.
+        r = run(lab_host, "re-run", "-e", "window=4096", extra=FAST_VERIFY)
+        ok(r)
+        assert "changed=0" in recap(r), recap(r)
+        assert task_status(r, RESTART) == "skipping", r.stdout[-6000:]
+        assert lab_host.state() == after
+    finally:
+        ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
+    assert window_of(lab_host, lab_host.state().main_pid) == "2048"
+
+
+def marker(lab_host) -> dict:
+    return json.loads(lab_host.read_bytes(MARKER_PATH))
+
+
+@pytest.fixture(scope="module")
+def small_wheelhouse(tmp_path_factory) -> Path:
+    """The sglang wheel and the wheel of the extra requirement, hard-linked from the lab wheelhouse."""
+    path = tmp_path_factory.mktemp("small-wheelhouse")
+    for pattern in ("sglang-*.whl", EXTRA_REQUIREMENT.split(">=")[0] + "-*.whl"):
+        wheels = sorted(WHEELHOUSE.glob(pattern))
+        assert len(wheels) == 1, f"{WHEELHOUSE}: {pattern} matches {wheels}"
+        os.link(wheels[0], path / wheels[0].name)
+    return path
+
+
+def test_changed_dependency_requirements_rerun_the_install_once(lab_host, small_wheelhouse):
+    before = lab_host.state()
+    baseline = marker(lab_host)
+    assert baseline["dependencies"] == {
+        "resolved_by_pip": False,
+        "requirements_sha256": requirements_sha256(LAB_REQUIREMENTS),
+    }, baseline
+    extended = LAB_REQUIREMENTS + [EXTRA_REQUIREMENT]
+    small = dict(FAST_VERIFY, sglang_wheelhouse_src=str(small_wheelhouse))
+    extra = dict(small, sglang_dependency_requirements=extended)
+    try:
+        r = run(lab_host, "extended list", "-e", "window=2048", extra=extra)
+        ok(r)
+        assert task_status(r, INSTALL_DEPS) == "changed", r.stdout[-6000:]
+        assert task_status(r, RECORD_INSTALL) == "changed"
+        wanted = {"resolved_by_pip": False, "requirements_sha256": requirements_sha256(extended)}
+        assert marker(lab_host) == dict(baseline, dependencies=wanted)
+        # Only the venv changed: the unit, the env file and the running invocation did not.
+        assert lab_host.state() == before
+
+        # The same list again: nothing to install.
+        r = run(lab_host, "extended list again", "-e", "window=2048", extra=extra)
+        ok(r)
+        assert "changed=0" in recap(r), recap(r)
+        assert task_status(r, INSTALL) == "skipping", r.stdout[-6000:]
+        assert INSTALL_DEPS not in r.stdout
+    finally:
+        # Back to the lab list: a changed list again, so the install runs again.
+        r = run(lab_host, "lab list again", "-e", "window=2048", extra=small)
+    ok(r)
+    assert task_status(r, INSTALL_DEPS) == "changed", r.stdout[-6000:]
+    assert marker(lab_host) == baseline
+    assert lab_host.state() == before
+
+
+def test_lab_requirements_are_what_the_test_assumes():
+    """The extra requirement is satisfied by a pin of the lab list (installed; its wheel is there)."""
+    name = EXTRA_REQUIREMENT.split(">=")[0]
+    pins = [req for req in LAB_REQUIREMENTS if req.split("==")[0].lower() == name]
+    assert len(pins) == 1 and int(pins[0].split("==")[1].split(".")[0]) >= 3, pins
