@@ -133,47 +133,7 @@ import re
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-
-RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
-
-# Runs in the venv's python; imports nothing heavy. Prints the version and a hash of what is installed.
-PROBE_SCRIPT = r'''
-import hashlib, json, os, sys
-# Same precedence as `import sglang`: the first sys.path entry holding a sglang dist-info.
-found = None
-for entry in sys.path:
-    try:
-        names = os.listdir(entry or ".")
-    except OSError:
-        continue
-    for name in sorted(names):
-        if name.startswith("sglang-") and name.endswith(".dist-info"):
-            found = os.path.join(entry, name)
-            break
-    if found:
-        break
-if found is None:
-    print("SGLANG_DEPLOY_RESULT " + json.dumps({"error": "sglang is not installed in " + sys.prefix}))
-    sys.exit(3)
-version = None
-with open(os.path.join(found, "METADATA"), encoding="utf-8", errors="replace") as handle:
-    for line in handle:
-        if line.startswith("Version:"):
-            version = line.split(":", 1)[1].strip()
-            break
-        if not line.strip():
-            break
-digest = hashlib.sha256()
-for name in ("RECORD", "direct_url.json"):
-    try:
-        with open(os.path.join(found, name), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        data = b""
-    digest.update(name.encode() + b"\0" + data + b"\0")
-print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": version, "record_sha256": digest.hexdigest(),
-                                          "dist_info": found}))
-'''
+from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python
 
 # Runs in the venv's python: builds the real parser like `sglang serve` and dumps it.
 DUMP_SCRIPT = r'''
@@ -293,15 +253,6 @@ SCRIPT_SHA256 = hashlib.sha256(DUMP_SCRIPT.encode()).hexdigest()
 _SAFE = re.compile(r'[^A-Za-z0-9._+-]')
 
 
-def parse_marked(stdout):
-    """The JSON object on the last ``SGLANG_DEPLOY_RESULT`` line of ``stdout``, or None."""
-    for line in reversed((stdout or '').splitlines()):
-        if line.startswith(RESULT_MARKER):
-            try:
-                return json.loads(line[len(RESULT_MARKER):])
-            except ValueError:
-                return None
-    return None
 
 
 def last_line(text):
@@ -309,14 +260,6 @@ def last_line(text):
     return lines[-1] if lines else ''
 
 
-def run_python(module, python, script, timeout, env=None):
-    """Run ``script`` in ``python`` (list form, LANG=C, $ not expanded), bounded by ``timeout``."""
-    environ = {'LANG': 'C', 'LC_ALL': 'C', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONUNBUFFERED': '1'}
-    environ.update(env or {})
-    # SIGALRM's default action ends the interpreter even inside a C extension import.
-    wrapped = f'import signal\nsignal.alarm({int(timeout)})\n' + script
-    return module.run_command([python, '-c', wrapped], environ_update=environ, cwd='/',
-                              expand_user_and_vars=False)
 
 
 def probe(module, python, timeout):

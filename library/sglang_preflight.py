@@ -120,49 +120,12 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_redact import redact, redact_text
+from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python
 
-RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
 PLACEHOLDER = 'sglang-preflight-placeholder'
 _VAR_REF = re.compile(r'^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$')
 _ANSI = re.compile(r'\x1b\[[0-9;]*m')
 
-PROBE_SCRIPT = r'''
-import hashlib, json, os, sys
-# Same precedence as `import sglang`: the first sys.path entry holding a sglang dist-info.
-found = None
-for entry in sys.path:
-    try:
-        names = os.listdir(entry or ".")
-    except OSError:
-        continue
-    for name in sorted(names):
-        if name.startswith("sglang-") and name.endswith(".dist-info"):
-            found = os.path.join(entry, name)
-            break
-    if found:
-        break
-if found is None:
-    print("SGLANG_DEPLOY_RESULT " + json.dumps({"error": "sglang is not installed in " + sys.prefix}))
-    sys.exit(3)
-version = None
-with open(os.path.join(found, "METADATA"), encoding="utf-8", errors="replace") as handle:
-    for line in handle:
-        if line.startswith("Version:"):
-            version = line.split(":", 1)[1].strip()
-            break
-        if not line.strip():
-            break
-digest = hashlib.sha256()
-for name in ("RECORD", "direct_url.json"):
-    try:
-        with open(os.path.join(found, name), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        data = b""
-    digest.update(name.encode() + b"\0" + data + b"\0")
-print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": version, "record_sha256": digest.hexdigest(),
-                                          "dist_info": found}))
-'''
 
 # Runs in the venv's python; the request (argv) arrives on stdin so it is not in the process list.
 RESOLVE_SCRIPT = r'''
@@ -262,14 +225,6 @@ WINDOW_PARTIAL = frozenset({'EAGLE', 'EAGLE3', 'NEXTN'})
 WINDOW_IGNORED = frozenset({'NGRAM', 'STANDALONE', 'DSPARK', 'UNO'})
 
 
-def parse_marked(stdout):
-    for line in reversed((stdout or '').splitlines()):
-        if line.startswith(RESULT_MARKER):
-            try:
-                return json.loads(line[len(RESULT_MARKER):])
-            except ValueError:
-                return None
-    return None
 
 
 def rule_values(argv):
@@ -374,12 +329,6 @@ def fingerprint(path):
     return [config, st.st_size, st.st_mtime_ns]
 
 
-def run_python(module, python, script, timeout, env, data=None):
-    environ = {'LANG': 'C', 'LC_ALL': 'C', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONUNBUFFERED': '1'}
-    environ.update({str(k): str(v) for k, v in (env or {}).items()})
-    wrapped = f'import signal\nsignal.alarm({int(timeout)})\n' + script
-    return module.run_command([python, '-c', wrapped], environ_update=environ, cwd='/', data=data,
-                              binary_data=False, expand_user_and_vars=False)
 
 
 def cache_key(argv, device, env, meta, values):
