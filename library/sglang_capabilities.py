@@ -130,10 +130,9 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python
+from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
 # Runs in the venv's python: builds the real parser like `sglang serve` and dumps it.
 DUMP_SCRIPT = r'''
@@ -291,16 +290,7 @@ def read_cache(path, meta):
 
 
 def write_cache(module, path, data):
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix='.capabilities-', suffix='.tmp', dir=directory)
-        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-            json.dump(data, handle, sort_keys=True)
-        os.chmod(tmp, 0o644)
-    except OSError as exc:
-        module.fail_json(msg=f'cache_dir {directory}: cannot write the capabilities cache: {exc}')
-    module.atomic_move(tmp, path)
+    write_json_atomic(module, path, data, 0o644, 'capabilities cache')
 
 
 def discover(module, python, cache_dir, timeout):

@@ -116,11 +116,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_redact import redact, redact_text
-from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python
+from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
 PLACEHOLDER = 'sglang-preflight-placeholder'
 _VAR_REF = re.compile(r'^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$')
@@ -342,16 +341,7 @@ def cache_key(argv, device, env, meta, values):
 
 
 def write_cache(module, path, data):
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix='.preflight-', suffix='.tmp', dir=directory)
-        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-            json.dump(data, handle, sort_keys=True)
-        os.chmod(tmp, 0o600)
-    except OSError as exc:
-        module.fail_json(msg=f'cache_dir {directory}: cannot write the preflight cache: {exc}')
-    module.atomic_move(tmp, path)
+    write_json_atomic(module, path, data, 0o600, 'preflight cache')
 
 
 def error_line(stderr):

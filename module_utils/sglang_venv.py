@@ -1,11 +1,14 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Small scripts run in the SGLang virtualenv's python, shared by sglang_capabilities and
-sglang_preflight: the metadata probe, the result-marker protocol and the bounded runner."""
+sglang_preflight: the metadata probe, the result-marker protocol, the bounded runner and the
+atomic JSON cache writer."""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 
 RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
 
@@ -68,3 +71,17 @@ def run_python(module, python, script, timeout, env=None, data=None):
     wrapped = f'import signal\nsignal.alarm({int(timeout)})\n' + script
     return module.run_command([python, '-c', wrapped], environ_update=environ, cwd='/', data=data,
                               binary_data=False, expand_user_and_vars=False)
+
+
+def write_json_atomic(module, path, data, mode, what):
+    """Write ``data`` as JSON beside ``path``, then move it into place; fail naming ``what``."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix='.cache-', suffix='.tmp', dir=directory)
+        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+            json.dump(data, handle, sort_keys=True)
+        os.chmod(tmp, mode)
+    except OSError as exc:
+        module.fail_json(msg=f'cache_dir {directory}: cannot write the {what}: {exc}')
+    module.atomic_move(tmp, path)
