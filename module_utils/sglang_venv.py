@@ -81,7 +81,8 @@ def write_json_atomic(module, path, data, mode, what):
         fd, tmp = tempfile.mkstemp(prefix='.cache-', suffix='.tmp', dir=directory)
         with os.fdopen(fd, 'w', encoding='utf-8') as handle:
             json.dump(data, handle, sort_keys=True)
-        os.chmod(tmp, mode)
     except OSError as exc:
         module.fail_json(msg=f'cache_dir {directory}: cannot write the {what}: {exc}')
     module.atomic_move(tmp, path)
+    # atomic_move gives a NEW file the umask's default mode, whatever the temp file had.
+    os.chmod(path, mode)
