@@ -84,6 +84,8 @@ def test_good_argv_resolves_then_hits_the_cache(run_module, fake_python, tmp_pat
     assert replay[1]['kwargs']['environ_update']['HF_HOME'] == '/srv/hf'
     assert replay[1]['kwargs']['expand_user_and_vars'] is False
     assert 'real-secret-value' not in json.dumps({k: v for k, v in result.items() if k != 'invocation'})
+    [cache_file] = (tmp_path / 'c').glob('*.json')
+    assert cache_file.stat().st_mode & 0o777 == 0o600
 
     replay.clear()
     again, failed = run_module('sglang_preflight', args_for(fake_python, GOOD, tmp_path / 'c'))
