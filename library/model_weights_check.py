@@ -31,9 +31,39 @@ author:
   - sglang-deploy contributors
 options:
   path:
-    description: Absolute path of the model directory (what is given to SGLang as C(--model-path)).
+    description:
+      - Absolute path of the model directory (what is given to SGLang as C(--model-path)).
+      - Exactly one of O(path) and O(checkpoints) is required.
     type: path
-    required: true
+  checkpoints:
+    description:
+      - Several checkpoints checked in ONE module call (the role passes the target and the draft together, so
+        there is one remote call instead of one per checkpoint). Each item takes the single-checkpoint options
+        O(path), O(expected_revision), O(require_tokenizer) and O(role); O(role) labels (unique) name the
+        items in every message.
+      - Every item is checked (a failing one does not stop the others); RV(results) has one entry per item,
+        in order, each shaped like the single-checkpoint return plus its own C(msg). The module fails when
+        any item fails, its C(msg) joining the failing items' messages.
+      - Mutually exclusive with O(path); the top-level O(expected_revision), O(require_tokenizer) and
+        O(role) do not apply to the items.
+    type: list
+    elements: dict
+    suboptions:
+      path:
+        description: Absolute path of the model directory.
+        type: path
+        required: true
+      expected_revision:
+        description: As the top-level O(expected_revision).
+        type: str
+      require_tokenizer:
+        description: As the top-level O(require_tokenizer).
+        type: bool
+        default: true
+      role:
+        description: Label of this checkpoint (unique within O(checkpoints)).
+        type: str
+        default: model
   expected_revision:
     description:
       - Full 40-character commit hash the directory must record. Unset = report the revision, assert
@@ -73,9 +103,32 @@ EXAMPLES = r"""
     path: /srv/models/Kimi-K2.6-DFlash
     require_tokenizer: false
     role: draft
+
+- name: Check the target and the draft in one call
+  model_weights_check:
+    checkpoints:
+      - path: /srv/models/Kimi-K2.6
+        role: target
+      - path: /srv/models/Kimi-K2.6-DFlash
+        require_tokenizer: false
+        role: draft
+  register: weights
+  # weights.results[0].ok, weights.results[1].problems, ...
 """
 
 RETURN = r"""
+results:
+  description:
+    - With O(checkpoints) only - one entry per item, in order. Each entry has every key the
+      single-checkpoint form returns (RV(model_path), RV(role), RV(ok), RV(architectures), ...
+      RV(warnings_found)) plus C(msg), the one-line summary or that checkpoint's failure message.
+    - With O(checkpoints) the single-checkpoint keys are not returned at the top level, except RV(ok)
+      (true when every item is ok).
+  returned: when O(checkpoints) is given
+  type: list
+  elements: dict
+  sample: [{role: target, model_path: /srv/models/lab-target, ok: true,
+            msg: "target /srv/models/lab-target: LlamaForCausalLM (llama), 2 shard(s), ..."}]
 model_path:
   description: The checked directory (named C(model_path), not C(path), so Ansible does not add file
     attributes).
@@ -88,7 +141,8 @@ role:
   type: str
   sample: target
 ok:
-  description: True when nothing is missing, truncated or corrupt and the revision assertion (if any) holds.
+  description: True when nothing is missing, truncated or corrupt and the revision assertion (if any) holds
+    (with O(checkpoints) - for every item).
   returned: always
   type: bool
   sample: true
@@ -211,42 +265,103 @@ def summary(result: dict) -> str:
     )
 
 
-def run_module() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", required=True),
-            expected_revision=dict(type="str"),
-            require_tokenizer=dict(type="bool", default=True),
-            role=dict(type="str", default="model"),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    if not os.path.isabs(params["path"]):
-        module.fail_json(msg=f"path must be absolute, got {params['path']!r}")
-    expected = params["expected_revision"] or None
+def option_error(path: str, expected: str | None, where: str = "") -> str | None:
+    """What is wrong with one checkpoint's options (None: nothing). `where` prefixes the message."""
+    if not os.path.isabs(path):
+        return f"{where}path must be absolute, got {path!r}"
     if expected is not None and not COMMIT_HASH_RE.match(expected):
-        module.fail_json(
-            msg=f"expected_revision must be a full 40-character lowercase commit hash, got {expected!r}"
-        )
+        return f"{where}expected_revision must be a full 40-character lowercase commit hash, got {expected!r}"
+    return None
+
+
+def check_one(module: AnsibleModule, path: str, expected: str | None, require_tokenizer: bool, role: str):
+    """Check one checkpoint (options already valid). Returns (result, error): error is the failure
+    message, None when the checkpoint is usable."""
     result = check_checkpoint(
-        params["path"],
-        require_tokenizer=params["require_tokenizer"],
+        path,
+        require_tokenizer=require_tokenizer,
         expected_revision=expected,
-        label=params["role"],
+        label=role,
     )
     result["warnings_found"] = result.pop("warnings")
     result["model_path"] = result.pop("path")
     for line in result["warnings_found"]:
         module.warn(line)
     if not result["ok"]:
-        module.fail_json(
-            msg=f"{params['role']} weights at {params['path']} are not usable: "
-            + "; ".join(result["problems"]),
-            changed=False,
-            **result,
-        )
+        return result, f"{role} weights at {path} are not usable: " + "; ".join(result["problems"])
+    return result, None
+
+
+def run_single(module: AnsibleModule) -> None:
+    params = module.params
+    expected = params["expected_revision"] or None
+    error = option_error(params["path"], expected)
+    if error is not None:
+        module.fail_json(msg=error)
+    result, error = check_one(module, params["path"], expected, params["require_tokenizer"], params["role"])
+    if error is not None:
+        module.fail_json(msg=error, changed=False, **result)
     module.exit_json(changed=False, msg=summary(result), **result)
+
+
+def run_many(module: AnsibleModule) -> None:
+    items = module.params["checkpoints"]
+    if not items:
+        module.fail_json(msg="checkpoints must list at least one checkpoint")
+    roles = [item["role"] for item in items]
+    repeated = sorted({r for r in roles if roles.count(r) > 1})
+    if repeated:
+        module.fail_json(msg=f"checkpoints: every role label must be unique; repeated: {', '.join(repeated)}")
+    for item in items:
+        item["expected_revision"] = item["expected_revision"] or None
+    # Every item's options first: a wrong option fails before any directory is read, naming the item.
+    option_errors = [
+        e
+        for e in (option_error(i["path"], i["expected_revision"], f"{i['role']}: ") for i in items)
+        if e is not None
+    ]
+    if option_errors:
+        module.fail_json(msg="; ".join(option_errors))
+    results, errors = [], []
+    for item in items:
+        result, error = check_one(
+            module, item["path"], item["expected_revision"], item["require_tokenizer"], item["role"]
+        )
+        result["msg"] = summary(result) if error is None else error
+        results.append(result)
+        if error is not None:
+            errors.append(error)
+    if errors:
+        module.fail_json(msg=" | ".join(errors), changed=False, ok=False, results=results)
+    module.exit_json(changed=False, msg=" | ".join(r["msg"] for r in results), ok=True, results=results)
+
+
+def run_module() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path"),
+            checkpoints=dict(
+                type="list",
+                elements="dict",
+                options=dict(
+                    path=dict(type="path", required=True),
+                    expected_revision=dict(type="str"),
+                    require_tokenizer=dict(type="bool", default=True),
+                    role=dict(type="str", default="model"),
+                ),
+            ),
+            expected_revision=dict(type="str"),
+            require_tokenizer=dict(type="bool", default=True),
+            role=dict(type="str", default="model"),
+        ),
+        mutually_exclusive=[("path", "checkpoints")],
+        required_one_of=[("path", "checkpoints")],
+        supports_check_mode=True,
+    )
+    if module.params["checkpoints"] is None:
+        run_single(module)
+    else:
+        run_many(module)
 
 
 def main() -> None:

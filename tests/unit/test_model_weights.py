@@ -357,6 +357,42 @@ def test_missing_draft_config_named(tmp_path, capsys):
     assert r["msg"].startswith("draft weights at ") and f"draft {d}/config.json: missing" in r["msg"]
 
 
+def test_checkpoints_checks_every_item_in_one_call(tmp_path, capsys):
+    target = write_checkpoint(tmp_path / "target")
+    draft = write_checkpoint(tmp_path / "draft", config=DRAFT_CONFIG, tokenizer=False)
+    items = [
+        {"path": str(target), "role": "target"},
+        {"path": str(draft), "role": "draft", "require_tokenizer": False},
+    ]
+    r = run_main(check_mod, {"checkpoints": items}, capsys)
+    assert r["_rc"] == 0 and r["ok"] is True and not r.get("failed")
+    assert [x["role"] for x in r["results"]] == ["target", "draft"] and all(x["ok"] for x in r["results"])
+    assert r["results"][1]["model_path"] == str(draft) and "model_path" not in r
+    # A broken target does not hide a broken draft: both are named, each in its own entry.
+    shard = target / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    (draft / "config.json").unlink()
+    r = run_main(check_mod, {"checkpoints": items}, capsys)
+    assert r["failed"] is True and r["ok"] is False
+    assert [x["ok"] for x in r["results"]] == [False, False]
+    assert f"target weights at {target} are not usable" in r["msg"] and "100 bytes missing" in r["msg"]
+    assert f"draft {draft}/config.json: missing" in r["msg"]
+    assert r["results"][1]["missing"] == ["config.json"]
+
+
+def test_checkpoints_options_fail_before_any_read(tmp_path, capsys):
+    same_role = [{"path": "rel/x", "role": "a"}, {"path": "/x", "role": "a"}]
+    r = run_main(check_mod, {"checkpoints": same_role}, capsys)
+    assert r["failed"] is True and r["msg"] == "checkpoints: every role label must be unique; repeated: a"
+    bad = [{"path": "rel/x", "role": "target"}, {"path": "/x", "role": "draft", "expected_revision": "abc"}]
+    r = run_main(check_mod, {"checkpoints": bad}, capsys)
+    assert r["failed"] is True
+    assert r["msg"] == ("target: path must be absolute, got 'rel/x'; draft: expected_revision must be a full"
+                        " 40-character lowercase commit hash, got 'abc'")
+    r = run_main(check_mod, {"checkpoints": [], "path": "/x"}, capsys)
+    assert r["failed"] is True and "mutually exclusive" in r["msg"]
+
+
 def test_config_not_json(tmp_path, capsys):
     d = write_checkpoint(tmp_path / "t")
     (d / "config.json").write_text('{"architectures": [')

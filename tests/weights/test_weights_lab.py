@@ -5,10 +5,14 @@ The lab host carries tiny real checkpoints (lab/make_checkpoint.py) at /srv/mode
 afterwards. The "full disk" case is real: a 300 KiB tmpfs mounted on the host over the copy's directory,
 so the copy itself fails with ENOSPC and leaves a truncated shard behind.
 
-Host: WEIGHTS_LAB_INVENTORY=<inventory.yml> uses running lab hosts (left running); otherwise the test starts
-lab80 with `lab/labctl up --hosts 1 --first-index 80` and stops it at the end.
+Host: WEIGHTS_LAB_INVENTORY=<inventory.yml> (or LAB_REUSE_INVENTORY=<inventory.yml>, the variable the
+integration tests use) uses running lab hosts (left running); otherwise the test starts lab80 with
+`lab/labctl up --hosts 1 --first-index 80` and stops it at the end.
 
-Not covered here (no network to the Hub from this machine or the lab hosts): a real `hf download`.
+Not covered here (no network to the Hub from this machine or the lab hosts): a real `hf download`. The fetch
+path of the role is run twice: with the REAL huggingface_hub up to its failed listing, and to the end
+(download, post-download check, summary, check mode plan) with a stand-in venv whose bin/python prints the
+listing of a lab checkpoint and whose bin/hf copies that checkpoint.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ SHARD2 = "model-00002-of-00002.safetensors"
 
 @pytest.fixture(scope="module")
 def inventory(tmp_path_factory):
-    given = os.environ.get("WEIGHTS_LAB_INVENTORY")
+    given = os.environ.get("WEIGHTS_LAB_INVENTORY") or os.environ.get("LAB_REUSE_INVENTORY")
     if given:
         yield Path(given)
         return
@@ -170,6 +174,21 @@ def test_corrupt_header_fails_naming_it(inventory, host, scratch):
     r = play(inventory, host, models(target=dest))
     assert r.returncode != 0
     assert f"target {dest}/{SHARD1}: corrupt: header is not valid JSON" in r.stdout, r.stdout
+
+
+def test_both_checkpoints_broken_one_check_names_both(inventory, host, scratch):
+    """All checkpoints are checked in ONE model_weights_check call: a broken target does not hide a
+    broken draft."""
+    target, draft = "/srv/models/broken-both-target", "/srv/models/broken-both-draft"
+    copy_checkpoint(host, scratch, TARGET, target)
+    copy_checkpoint(host, scratch, DRAFT, draft)
+    ssh(host, f"truncate -s -100 {target}/{SHARD2} && rm {draft}/config.json")
+    r = play(inventory, host, models(target=target, draft=draft))
+    assert r.returncode != 0
+    assert f"target {target}/{SHARD2}: truncated" in r.stdout, r.stdout
+    assert f"draft {draft}/config.json: missing" in r.stdout, r.stdout
+    assert r.stdout.count("TASK [model_weights : Check every checkpoint (one call)]") == 1
+    assert "failed=1" in recap(r.stdout)
 
 
 def test_missing_draft_config_fails_naming_it(inventory, host, scratch):
@@ -312,3 +331,80 @@ def test_fetch_path_with_real_huggingface_hub_keeps_the_token_secret(inventory, 
     assert SENTINEL not in r.stdout and SENTINEL not in r.stderr
     st = ssh(host, "stat -c '%a %U' /etc/model-weights-test/hf_token && cat /etc/model-weights-test/hf_token")
     assert st.stdout.split("\n")[:2] == ["600 root", SENTINEL]
+
+
+STANDIN_VENV = "/opt/weights-standin-venv"
+STANDIN_PYTHON = """#!/usr/bin/python3
+# Stand-in for <venv>/bin/python running model_weights_fetch's LIST_FILES_SCRIPT: prints the listing.
+import sys
+sys.stdout.write(open("%(venv)s/listing.json").read())
+"""
+STANDIN_HF = """#!/usr/bin/python3
+# Stand-in for <venv>/bin/hf download: copies the lab checkpoint into --local-dir, records the revision.
+import shutil, sys
+argv = sys.argv[1:]
+dest, rev = argv[argv.index("--local-dir") + 1], argv[argv.index("--revision") + 1]
+open("%(venv)s/hf-argv", "w").write(" ".join(argv))
+shutil.copytree("%(src)s", dest, dirs_exist_ok=True)
+open(dest + "/REVISION", "w").write(rev + "\\n")
+"""
+LISTING = """import json, os, sys
+src, sha = sys.argv[1], sys.argv[2]
+files = [{"name": n, "size": os.path.getsize(os.path.join(src, n)), "blob_id": None, "lfs_sha256": None}
+         for n in sorted(os.listdir(src)) if os.path.isfile(os.path.join(src, n))]
+print(json.dumps({"sha": sha, "files": files}))
+"""
+
+
+@pytest.fixture
+def standin_venv(host):
+    sha = "c" * 40
+    script = (
+        f"set -e; rm -rf {STANDIN_VENV} && mkdir -p {STANDIN_VENV}/bin && "
+        f"cat > {STANDIN_VENV}/bin/python <<'EOF'\n{STANDIN_PYTHON % {'venv': STANDIN_VENV}}EOF\n"
+        f"cat > {STANDIN_VENV}/bin/hf <<'EOF'\n{STANDIN_HF % {'venv': STANDIN_VENV, 'src': TARGET}}EOF\n"
+        f"chmod 755 {STANDIN_VENV}/bin/python {STANDIN_VENV}/bin/hf && "
+        f"python3 - {TARGET} {sha} > {STANDIN_VENV}/listing.json <<'EOF'\n{LISTING}EOF\n"
+    )
+    ssh(host, script)
+    yield STANDIN_VENV, sha
+    ssh(host, f"rm -rf {STANDIN_VENV}", check=False)
+
+
+def test_fetch_path_to_the_end_with_a_stand_in_hub(inventory, host, scratch, standin_venv):
+    """fetch=true on a copy without its first shard, the draft complete: only the target is fetched.
+    --check plans (would fetch) and changes nothing; the real run downloads (stand-in hf), checks again at
+    the pinned revision and reports it; the next run finds everything complete and fetches nothing."""
+    venv, sha = standin_venv
+    dest = "/srv/models/broken-fetch-standin"
+    copy_checkpoint(host, scratch, TARGET, dest)
+    ssh(host, f"rm {dest}/{SHARD1}")
+    pin = {"fetch": True, "repo": "moonshotai/Kimi-K2.6", "revision": sha}
+    chosen = models(target=dest, target_extra=pin)
+    extra = {"model_weights_sglang_venv": venv, "model_weights_free_space_margin_bytes": 0}
+
+    planned = play(inventory, host, chosen, check_mode=True, extra=extra)
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "Plan the download in check mode target" in planned.stdout
+    assert "Show why the checkpoint is fetched draft" not in planned.stdout
+    assert f"target {dest}/{SHARD1}: missing" in planned.stdout  # why it is fetched
+    assert f"target {dest}: LlamaForCausalLM, 2 shard(s)" in planned.stdout
+    assert ", check mode: would fetch " in planned.stdout, planned.stdout
+    assert f"draft {DRAFT}: DFlashDraftModel, 2 shard(s)" in planned.stdout
+    assert ssh(host, f"test -e {dest}/{SHARD1}", check=False).returncode != 0  # nothing written
+
+    fetched = play(inventory, host, chosen, extra=extra)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    assert "changed=1" in recap(fetched.stdout)
+    line = f"target {dest}: LlamaForCausalLM, 2 shard(s), 434.4 KiB, revision {sha}, fetched "
+    assert line in fetched.stdout, fetched.stdout
+    assert f"draft {DRAFT}: DFlashDraftModel, 2 shard(s)" in fetched.stdout
+    argv = ssh(host, f"cat {venv}/hf-argv").stdout
+    assert f"download moonshotai/Kimi-K2.6 --revision {sha} --local-dir {dest}" in argv
+
+    again = play(inventory, host, chosen, extra=extra)
+    assert again.returncode == 0, again.stdout
+    assert "changed=0" in recap(again.stdout)
+    assert "Show why the checkpoint is fetched" not in again.stdout
+    assert f"target {dest}: LlamaForCausalLM, 2 shard(s), 434.4 KiB, revision {sha}" in again.stdout
+    assert ", fetched " not in again.stdout
