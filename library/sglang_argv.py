@@ -17,7 +17,10 @@ description:
     or duplicates a managed setting.
   - Secrets never appear in the argv; a setting listed in O(secret_env) becomes C(${ENVVAR}), which
     systemd expands from the unit's EnvironmentFile.
-  - Pure computation; nothing on the host is read or written.
+  - With O(python) (the role's way) the module asks the SGLang installed behind that interpreter for its
+    parser's flags itself (M(sglang_capabilities)'s dump and cache, shared code), so the ~250 KB of
+    options never travel to the controller and back; the result then carries RV(version) and
+    RV(algorithms). With O(capabilities) it is pure computation.
 version_added: "0.1.0"
 options:
   settings:
@@ -34,8 +37,19 @@ options:
   capabilities:
     description:
       - The registered result of M(sglang_capabilities) (needs C(version), C(options), C(algorithms)).
+      - Exactly one of O(capabilities) and O(python) is required.
     type: dict
-    required: true
+  python:
+    description: Path of the SGLang virtualenv's python, whose parser's flags are discovered (and cached).
+    type: path
+  cache_dir:
+    description: With O(python), the capabilities cache directory (as M(sglang_capabilities)'s).
+    type: path
+    default: /var/lib/sglang-deploy/capabilities
+  timeout:
+    description: With O(python), seconds the parser dump may take on a cache miss.
+    type: int
+    default: 300
   secret_env:
     description:
       - Canonical key -> environment variable that holds its value
@@ -88,12 +102,27 @@ display_argv:
   returned: success
   type: str
   sample: --model-path /srv/models/kimi-k2.6 --api-key '${SGLANG_API_KEY}'
+version:
+  description: Version of the SGLang whose parser was used.
+  returned: success
+  type: str
+  sample: 0.5.23
+algorithms:
+  description: With O(python), the speculative algorithms the build accepts (as M(sglang_capabilities)).
+  returned: with O(python)
+  type: list
+  elements: str
+capabilities_cached:
+  description: With O(python), true when the flags came from the cache without importing SGLang.
+  returned: with O(python)
+  type: bool
 """
 
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv import build_argv
+from ansible.module_utils.sglang_capabilities import discover
 from ansible.module_utils.sglang_redact import redact_argv
 
 
@@ -102,9 +131,14 @@ def main():
         argument_spec=dict(
             settings=dict(type='dict', default={}),
             extra_args=dict(type='list', elements='dict', default=[]),
-            capabilities=dict(type='dict', required=True),
+            capabilities=dict(type='dict'),
+            python=dict(type='path'),
+            cache_dir=dict(type='path', default='/var/lib/sglang-deploy/capabilities'),
+            timeout=dict(type='int', default=300),
             secret_env=dict(type='dict', default={}),
         ),
+        mutually_exclusive=[('capabilities', 'python')],
+        required_one_of=[('capabilities', 'python')],
         supports_check_mode=True,
     )
     params = module.params
@@ -115,8 +149,14 @@ def main():
                      if isinstance(settings.get(k), str) and settings.get(k)]
     for value in secret_values:
         module.no_log_values.add(value)
+    capabilities, found = params['capabilities'], {}
+    if capabilities is None:
+        capabilities, cached, _, _ = discover(
+            module, params['python'], params['cache_dir'], params['timeout']
+        )
+        found = {'algorithms': capabilities.get('algorithms', []), 'capabilities_cached': cached}
     try:
-        argv, managed = build_argv(settings, params['capabilities'], params['extra_args'], secret_env)
+        argv, managed = build_argv(settings, capabilities, params['extra_args'], secret_env)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(
@@ -124,6 +164,8 @@ def main():
         argv=argv,
         managed=managed,
         display_argv=shlex.join(redact_argv(argv, secret_values)),
+        version=capabilities.get('version'),
+        **found,
     )
 
 

@@ -32,6 +32,36 @@ options:
     type: list
     elements: str
     default: []
+  known_good:
+    description:
+      - With O(record), first keep the files just verified as the known-good ones (what a rollback
+        restores): each of O(known_good.files) is copied atomically to O(known_good.dir) (C(0600) root),
+        its sha256 is added to the record and to the metadata file as C(<name>_sha256), and
+        O(known_good.meta) (plus O(known_good.api_key)) is written to
+        O(known_good.dir)/O(known_good.meta_name).
+      - All of it in the same call as the record, so a verified deploy costs one round trip.
+    type: dict
+    suboptions:
+      dir:
+        description: Known-good directory (created C(0700) root).
+        type: path
+        required: true
+      files:
+        description: Name -> path of each verified file, e.g. C({unit: /etc/systemd/system/sglang.service}).
+        type: dict
+        required: true
+      meta_name:
+        description: File name of the metadata (JSON) in O(known_good.dir).
+        type: str
+        required: true
+      meta:
+        description: What a rollback needs besides the files (listener, expected arguments, invocation).
+        type: dict
+        default: {}
+      api_key:
+        description: API key the known-good server answers to, kept in the metadata (never returned).
+        type: str
+        default: ''
 attributes:
   check_mode:
     support: full
@@ -74,8 +104,10 @@ skipped_lines:
 '''
 
 import datetime  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
@@ -115,6 +147,47 @@ def append_line(path, line):
             os.close(dfd)
 
 
+def write_private(directory, name, data):
+    """Atomically replace ``directory/name`` with ``data`` (0600 root, fsynced)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{name}.')
+    try:
+        with os.fdopen(fd, 'wb') as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), 0o600)
+            if os.geteuid() == 0:
+                os.fchown(handle.fileno(), 0, 0)
+            os.fsync(handle.fileno())
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def keep_known_good(spec, write):
+    """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}."""
+    contents, hashes = {}, {}
+    for name, path in sorted(spec['files'].items()):
+        with open(path, 'rb') as handle:
+            contents[path] = handle.read()
+        hashes[f'{name}_sha256'] = hashlib.sha256(contents[path]).hexdigest()
+    if write:
+        directory = spec['dir']
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for path, data in contents.items():
+            write_private(directory, os.path.basename(path), data)
+        meta = dict(spec['meta'], api_key=spec['api_key'], **hashes)
+        text = json.dumps(meta, indent=4, sort_keys=True) + '\n'
+        write_private(directory, spec['meta_name'], text.encode())
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return hashes
+
+
 def read_records(path, limit):
     records, skipped = [], 0
     try:
@@ -146,6 +219,16 @@ def main():
             record=dict(type='dict'),
             limit=dict(type='int', default=20),
             secret_values=dict(type='list', elements='str', default=[], no_log=True),
+            known_good=dict(
+                type='dict',
+                options=dict(
+                    dir=dict(type='path', required=True),
+                    files=dict(type='dict', required=True),
+                    meta_name=dict(type='str', required=True),
+                    meta=dict(type='dict', default={}),
+                    api_key=dict(type='str', default='', no_log=True),
+                ),
+            ),
         ),
         supports_check_mode=True,
     )
@@ -162,6 +245,15 @@ def main():
 
     entry = {'time': now_utc()}
     entry.update({k: v for k, v in record.items() if k != 'time'})
+    known_good = module.params['known_good']
+    if known_good is not None:
+        try:
+            entry.update(keep_known_good(known_good, write=not module.check_mode))
+        except OSError as exc:
+            module.fail_json(
+                msg=f'cannot keep the known-good files in {known_good["dir"]}: '
+                f'{exc.strerror or exc} ({exc.filename})'
+            )
     entry = redact(entry, secrets)
     line = json.dumps(entry, sort_keys=True, default=str, separators=(',', ':')) + '\n'
     if '\n' in line[:-1]:

@@ -80,6 +80,13 @@ options:
         or, without I(baseline), verifies the running invocation without restarting.
     type: bool
     default: true
+  reset_start_limit:
+    description:
+      - With O(restart), run C(systemctl reset-failed UNIT) before the restart even when the unit is
+        not C(failed): a deliberate restart then does not count against C(StartLimitBurst), whose
+        budget is meant for crashes (without it the 4th deploy within C(StartLimitIntervalSec) is refused).
+    type: bool
+    default: false
   baseline:
     description: The C(baseline) returned by a previous call that ended with C(pending=true).
     type: dict
@@ -911,6 +918,7 @@ def main():
             health_timeout=dict(type="float", default=25),
             poll_interval=dict(type="float", default=0.25),
             restart=dict(type="bool", default=True),
+            reset_start_limit=dict(type="bool", default=False),
             baseline=dict(type="dict"),
             budget=dict(type="float"),
             journal_lines=dict(type="int", default=20),
@@ -976,7 +984,7 @@ def main():
         if problems:
             module.fail_json(msg="; ".join(problems), restarted=False, changed=False)
         env = {"LANG": "C", "LC_ALL": "C"}
-        if active == "failed":
+        if active == "failed" or params["reset_start_limit"]:
             rc, out, err = module.run_command([systemctl, "reset-failed", "--", unit], environ_update=env)
             if rc != 0:
                 module.fail_json(

@@ -137,3 +137,27 @@ def test_real_venv_dump_and_fast_cache_hit(run_module, tmp_path):
     elapsed = time.monotonic() - start
     assert again['cached'] is True
     assert elapsed < 0.3, f'cache hit took {elapsed:.2f} s'
+
+
+def test_argv_module_discovers_the_flags_on_the_host(run_module, fake_python, tmp_path, calls):
+    """sglang_argv with ``python``: the same dump and cache, the options never leave the host."""
+    args = {
+        'python': fake_python,
+        'cache_dir': str(tmp_path / 'cache'),
+        'settings': {'model_path': '/srv/models/target', 'speculative_algorithm': 'DFLASH',
+                     'speculative_draft_window_size': 2048},
+    }
+    result, failed = run_module('sglang_argv', args)
+    assert not failed, result
+    assert [c['kind'] for c in calls] == ['probe', 'dump']
+    assert result['version'] == '0.5.23' and result['capabilities_cached'] is False
+    assert 'DFLASH' in result['algorithms'] and 'options' not in result
+    assert result['argv'][result['argv'].index('--speculative-draft-window-size') + 1] == '2048'
+    calls.clear()
+    again, _ = run_module('sglang_argv', args)
+    assert [c['kind'] for c in calls] == ['probe'] and again['capabilities_cached'] is True
+    assert again['argv'] == result['argv']
+    both, failed = run_module('sglang_argv', dict(args, capabilities={'version': '0.5.23'}))
+    assert failed and 'mutually exclusive' in both['msg']
+    missing, failed = run_module('sglang_argv', dict(args, python=str(tmp_path / 'nope')))
+    assert failed and missing['msg'].startswith('python: ')

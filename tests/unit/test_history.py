@@ -98,3 +98,69 @@ def test_cli_table_and_json(run_module, tmp_path):
         [sys.executable, str(CLI), '--file', str(tmp_path / 'x')], capture_output=True, text=True
     )
     assert missing.returncode == 1 and 'no history yet' in missing.stderr
+
+
+def test_known_good_keeps_the_verified_files_and_records_their_hashes(run_module, tmp_path):
+    import hashlib
+
+    unit = tmp_path / 'sglang.service'
+    env = tmp_path / 'sglang.env'
+    unit.write_text('[Service]\nExecStart=/bin/true\n')
+    env.write_text(f'SGLANG_API_KEY={SENTINEL}\n')
+    good = tmp_path / 'known-good'
+    history = tmp_path / 'history.jsonl'
+    args = {
+        'path': str(history),
+        'record': {'result': 'verified', 'window': 2048},
+        'known_good': {
+            'dir': str(good),
+            'files': {'unit': str(unit), 'env': str(env)},
+            'meta_name': 'sglang.json',
+            'meta': {'unit': 'sglang.service', 'expected': {'speculative_draft_window_size': 2048}},
+            'api_key': SENTINEL,
+        },
+    }
+    result, failed = run_module('sglang_history', args)
+    assert not failed, result
+    assert SENTINEL not in run_module.last_output
+    sha = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in (('unit', unit), ('env', env))}
+    line = json.loads(history.read_text())
+    assert line['unit_sha256'] == sha['unit'] and line['env_sha256'] == sha['env']
+    assert SENTINEL not in history.read_text()
+    assert (good / 'sglang.service').read_bytes() == unit.read_bytes()
+    assert (good / 'sglang.env').read_bytes() == env.read_bytes()
+    meta = json.loads((good / 'sglang.json').read_text())
+    assert (
+        meta['api_key'] == SENTINEL
+        and meta['unit_sha256'] == sha['unit']
+        and meta['env_sha256'] == sha['env']
+    )
+    assert meta['expected'] == {'speculative_draft_window_size': 2048}
+    assert stat.S_IMODE(os.stat(good).st_mode) == 0o700
+    for name in ('sglang.service', 'sglang.env', 'sglang.json'):
+        assert stat.S_IMODE(os.stat(good / name).st_mode) == 0o600, name
+    assert sorted(p.name for p in good.iterdir()) == ['sglang.env', 'sglang.json', 'sglang.service']
+
+
+def test_known_good_in_check_mode_and_with_a_missing_file(run_module, tmp_path):
+    unit = tmp_path / 'sglang.service'
+    unit.write_text('[Service]\n')
+    good = tmp_path / 'known-good'
+    spec = {'dir': str(good), 'files': {'unit': str(unit)}, 'meta_name': 'm.json'}
+    result, failed = run_module(
+        'sglang_history',
+        {
+            'path': str(tmp_path / 'h.jsonl'),
+            'record': {'result': 'verified'},
+            'known_good': spec,
+            '_ansible_check_mode': True,
+        },
+    )
+    assert not failed and not good.exists() and not (tmp_path / 'h.jsonl').exists()
+    spec['files']['env'] = str(tmp_path / 'missing.env')
+    result, failed = run_module(
+        'sglang_history',
+        {'path': str(tmp_path / 'h.jsonl'), 'record': {'result': 'verified'}, 'known_good': spec},
+    )
+    assert failed and 'missing.env' in result['msg'] and 'known-good' in result['msg']
+    assert not good.exists() and not (tmp_path / 'h.jsonl').exists()

@@ -1,0 +1,268 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_unit
+short_description: Install the SGLang unit and environment file (validated, atomic) and load them
+description:
+  - One round trip for what a deploy does to the unit files, in this order, and only what is needed.
+  - 1. Compares O(unit_content) and O(env_content) (and owner root, mode) with the files on disk.
+  - 2. A changed unit is written to a private temporary directory and checked with
+    C(systemd-analyze verify) under the unit's own name BEFORE anything on the host changes (in check
+    mode too); a unit systemd refuses fails the module and leaves both files as they were.
+  - 3. Each changed file is replaced atomically (write, fsync, rename in its directory); the file it
+    replaces is kept as C(<name>.previous) in O(previous_dir).
+  - 4. C(systemctl daemon-reload) when the unit changed or systemd holds an older definition
+    (C(NeedDaemonReload=yes)); C(systemctl enable) when the unit is not enabled.
+  - Returns the unit's systemd state after all of it (C(systemctl show)).
+  - The environment file can hold the API key - O(env_content) is C(no_log) and never shown in a diff.
+  - Check mode validates, reports what would change (with the unit diff) and changes nothing.
+version_added: "0.1.0"
+author: sglang-deploy contributors
+options:
+  name:
+    description: Unit name, e.g. C(sglang.service).
+    type: str
+    required: true
+  unit_path:
+    description: Path of the unit file.
+    type: path
+    required: true
+  unit_content:
+    description: Rendered unit file.
+    type: str
+    required: true
+  env_path:
+    description: Path of the environment file (C(EnvironmentFile=) of the unit).
+    type: path
+    required: true
+  env_content:
+    description: Rendered environment file (may hold a secret; never logged or diffed).
+    type: str
+    required: true
+  previous_dir:
+    description: Directory (created 0700 root) that keeps the version of each file this call replaced.
+    type: path
+    required: true
+  validate:
+    description: Check a changed unit with C(systemd-analyze verify) before installing it.
+    type: bool
+    default: true
+  enabled:
+    description: Enable the unit (C(systemctl enable)) when it is not.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: partial
+    details: The unit file only; the environment file is never diffed.
+'''
+
+EXAMPLES = r'''
+- name: Install the unit and the environment file
+  sglang_unit:
+    name: sglang.service
+    unit_path: /etc/systemd/system/sglang.service
+    unit_content: "{{ lookup('ansible.builtin.template', 'etc/systemd/system/sglang.service.j2') }}"
+    env_path: /etc/sglang/sglang.env
+    env_content: "{{ lookup('ansible.builtin.template', 'etc/sglang/sglang.env.j2') }}"
+    previous_dir: /var/lib/sglang-deploy/previous
+  register: __sglang_files
+'''
+
+RETURN = r'''
+unit_changed:
+  description: The unit file was (or in check mode would be) replaced.
+  type: bool
+  returned: always
+env_changed:
+  description: The environment file was (or would be) replaced.
+  type: bool
+  returned: always
+daemon_reloaded:
+  description: C(systemctl daemon-reload) ran (or would run).
+  type: bool
+  returned: always
+enabled_now:
+  description: C(systemctl enable) ran (or would run).
+  type: bool
+  returned: always
+status:
+  description: C(systemctl show) properties of the unit after the call (before it, in check mode).
+  type: dict
+  returned: always
+'''
+
+import os
+import re
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_systemd import parse_show
+
+STATUS_PROPERTIES = (
+    'LoadState', 'ActiveState', 'SubState', 'UnitFileState', 'NeedDaemonReload', 'InvocationID',
+    'MainPID', 'FragmentPath', 'DropInPaths', 'Result',
+)
+C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
+
+
+def read_current(path, mode):
+    """(content bytes or None, True when owner root:root and ``mode`` already)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, False
+    if not stat.S_ISREG(st.st_mode):
+        return None, False
+    with open(path, 'rb') as handle:
+        content = handle.read()
+    return content, st.st_uid == 0 and st.st_gid == 0 and stat.S_IMODE(st.st_mode) == mode
+
+
+def write_temp(directory, name, content, mode):
+    """A fsynced temporary file with ``content`` beside its destination; returns its path."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{name}.')
+    try:
+        with os.fdopen(fd, 'wb') as handle:
+            handle.write(content)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fchown(handle.fileno(), 0, 0)
+            os.fsync(handle.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def keep_previous(previous_dir, path, content):
+    os.makedirs(previous_dir, mode=0o700, exist_ok=True)
+    name = os.path.basename(path) + '.previous'
+    tmp = write_temp(previous_dir, name, content, 0o600)
+    os.replace(tmp, os.path.join(previous_dir, name))
+
+
+def systemctl(module, *args):
+    return module.run_command([module.get_bin_path('systemctl', required=True), *args], environ_update=C_ENV)
+
+
+def show(module, name):
+    rc, out, err = systemctl(module, 'show', '-p', ','.join(STATUS_PROPERTIES), '--', name)
+    if rc != 0:
+        module.fail_json(msg=f'systemctl show {name} failed (rc={rc}): {(err or out).strip()}')
+    return parse_show(out)
+
+
+def validate_unit(module, name, unit_path, content):
+    """Fail (host untouched) when systemd-analyze refuses the new unit (checked in a private tmp dir)."""
+    tmpdir = tempfile.mkdtemp(prefix='sglang-unit.')
+    tmp = os.path.join(tmpdir, name)
+    try:
+        with open(tmp, 'wb') as handle:
+            handle.write(content)
+        analyze = module.get_bin_path('systemd-analyze', required=True)
+        rc, out, err = module.run_command(
+            [analyze, 'verify', '--recursive-errors=no', f'{tmp}:{name}'], environ_update=C_ENV
+        )
+    finally:
+        os.unlink(tmp)
+        os.rmdir(tmpdir)
+    if rc != 0:
+        # systemd-analyze names the unit by the copy it makes in its own temporary directory.
+        text = (err + out).replace(tmp, unit_path)
+        text = re.sub(r'\S*/systemd-analyze-[^/\s]+/' + re.escape(name), unit_path, text)
+        text = '\n'.join(line for line in text.splitlines() if line.strip())
+        module.fail_json(
+            msg=f'systemd-analyze verify refused the new {name} (nothing was changed on the host): {text}',
+            unit_changed=False, env_changed=False, rc=rc,
+        )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type='str', required=True),
+            unit_path=dict(type='path', required=True),
+            unit_content=dict(type='str', required=True),
+            env_path=dict(type='path', required=True),
+            env_content=dict(type='str', required=True, no_log=True),
+            previous_dir=dict(type='path', required=True),
+            validate=dict(type='bool', default=True),
+            enabled=dict(type='bool', default=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    name = p['name']
+    files = {
+        'unit': (p['unit_path'], p['unit_content'].encode('utf-8'), 0o644),
+        'env': (p['env_path'], p['env_content'].encode('utf-8'), 0o600),
+    }
+    current = {key: read_current(path, mode) for key, (path, _, mode) in files.items()}
+    changed_files = [
+        key for key, (path, content, mode) in files.items()
+        if current[key][0] != content or not current[key][1]
+    ]
+    before = show(module, name)
+    need_reload = 'unit' in changed_files or before.get('NeedDaemonReload') == 'yes'
+    need_enable = p['enabled'] and before.get('UnitFileState') != 'enabled'
+
+    result = dict(
+        changed=bool(changed_files or need_reload or need_enable),
+        unit_changed='unit' in changed_files,
+        env_changed='env' in changed_files,
+        daemon_reloaded=need_reload,
+        enabled_now=need_enable,
+    )
+    if module._diff and 'unit' in changed_files:
+        old = current['unit'][0]
+        result['diff'] = dict(
+            before_header=p['unit_path'], after_header=p['unit_path'],
+            before='' if old is None else old.decode('utf-8', 'replace'), after=p['unit_content'],
+        )
+    unit_path, unit_content, _ = files['unit']
+    if 'unit' in changed_files and p['validate']:
+        validate_unit(module, name, unit_path, unit_content)
+    if module.check_mode:
+        module.exit_json(status=before, **result)
+
+    # The environment first: a unit that names a new variable never starts without it.
+    for key in ('env', 'unit'):
+        if key not in changed_files:
+            continue
+        path, content, mode = files[key]
+        if current[key][0] is not None:
+            keep_previous(p['previous_dir'], path, current[key][0])
+        directory = os.path.dirname(path)
+        os.replace(write_temp(directory, os.path.basename(path), content, mode), path)
+        fsync_dir(directory)
+    if need_reload:
+        rc, out, err = systemctl(module, 'daemon-reload')
+        if rc != 0:
+            module.fail_json(msg=f'systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}',
+                             **result)
+    if need_enable:
+        rc, out, err = systemctl(module, 'enable', '--', name)
+        if rc != 0:
+            module.fail_json(msg=f'systemctl enable {name} failed (rc={rc}): {(err or out).strip()}',
+                             **result)
+    module.exit_json(status=show(module, name) if result['changed'] else before, **result)
+
+
+if __name__ == '__main__':
+    main()
