@@ -1,0 +1,373 @@
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller-only check of the sglang role's settings: what meta/argument_specs.yml cannot express.
+
+Every rule is evaluated (not only up to the first failure) and each failure is one sentence that
+names the variable; the task fails with all of them. Nothing reaches the host. One task instead
+of one assert per rule: a no-change deploy pays ~40 ms of Ansible overhead per task.
+
+Values that are secret never appear in a message: sglang_api_key is described, never shown, and an
+extra argument that carries a secret flag is refused without its value (and without the per-item
+message that would show the item).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+CONTROL_CHARS = re.compile(r'[\x00-\x1f\x7f-\x9f]')
+SECRET_FLAGS = ('--api-key', '--admin-api-key', '--hf-token', '--ssl-keyfile-password')
+API_KEY_ENV = 'SGLANG_API_KEY'
+# An empty string would still be passed (--served-model-name "", --host ""): SGLang takes it and the
+# server runs with it. null is the way to leave a flag to SGLang.
+NON_EMPTY = (
+    'sglang_model_path',
+    'sglang_served_model_name',
+    'sglang_host',
+    'sglang_reasoning_parser',
+    'sglang_tool_call_parser',
+    'sglang_speculative_algorithm',
+    'sglang_speculative_draft_model_path',
+)
+
+
+def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def type_name(value):
+    """What Ansible's type_debug says for the plain types a variable can hold."""
+    for kind, name in (
+        (bool, 'bool'),
+        (int, 'int'),
+        (float, 'float'),
+        (str, 'str'),
+        (list, 'list'),
+        (dict, 'dict'),
+    ):
+        if isinstance(value, kind):
+            return name
+    return 'NoneType' if value is None else type(value).__name__
+
+
+def shown(value, length):
+    """``value | to_json | truncate(length)`` as the assert messages showed it (Jinja's truncate:
+    5 characters of leeway, cut at a word boundary, '...')."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = json.dumps(str(value))
+    if len(text) <= length + 5:
+        return text
+    return text[: length - 3].rsplit(' ', 1)[0] + '...'
+
+
+def has_control(value):
+    return CONTROL_CHARS.search(str(value)) is not None
+
+
+def check_types(s, int_settings, string_settings):
+    errors = []
+    for item in int_settings:
+        value = s.get(item['name'])
+        ok = (item['nullable'] and value is None) or (is_int(value) and item['min'] <= value <= item['max'])
+        if not ok:
+            errors.append(
+                f"{item['name']}={shown(value, 40)} ({type_name(value)}): must be an integer"
+                f" from {item['min']} to {item['max']}{' or null' if item['nullable'] else ''}"
+                ' (a quoted "2048" is a string: use | int or an unquoted number)'
+            )
+    if s['sglang_tp_size'] not in (1, 2, 4, 8) or isinstance(s['sglang_tp_size'], bool):
+        errors.append(f"sglang_tp_size={s['sglang_tp_size']}: must be 1, 2, 4 or 8")
+    frac = s['sglang_mem_fraction_static']
+    if not (frac is None or (is_number(frac) and 0 < frac < 1)):
+        errors.append(
+            f'sglang_mem_fraction_static={shown(frac, 40)}: must be a number with 0 < x < 1, or null'
+        )
+    for name in string_settings:
+        value = s.get(name)
+        if not (value is None or (isinstance(value, str) and not has_control(value))):
+            errors.append(f'{name}: must be a string without newline, NUL or other control characters')
+    for name in NON_EMPTY:
+        value = s.get(name)
+        if isinstance(value, str) and value == '':
+            errors.append(f"{name}: must not be an empty string (null leaves the flag to SGLang's default)")
+    return errors
+
+
+def check_api_key(s):
+    key = s['sglang_api_key']
+    if not (isinstance(key, str) and not has_control(key) and key == key.strip()):
+        return [
+            'sglang_api_key: must be a string without control characters or leading/trailing spaces'
+            ' (value not shown)'
+        ]
+    return []
+
+
+def check_paths(s):
+    errors = []
+    launcher = s['sglang_launcher']
+    first = launcher[0] if isinstance(launcher, list) and launcher else ''
+    for name, path in (
+        ('sglang_model_path', s['sglang_model_path']),
+        ('sglang_venv', s['sglang_venv']),
+        ('sglang_home', s['sglang_home']),
+        ('sglang_launcher[0]', first),
+    ):
+        if not (isinstance(path, str) and path.startswith('/')):
+            errors.append(f'{name}={shown(path, 60)}: must be an absolute path')
+    if not (
+        isinstance(launcher, list)
+        and launcher
+        and all(isinstance(a, str) for a in launcher)
+        and not any(has_control(a) for a in launcher)
+    ):
+        errors.append(
+            'sglang_launcher: must be a non-empty list of strings without control characters,'
+            ' first an absolute path'
+        )
+    for path in s['sglang_read_write_paths']:
+        if not (
+            isinstance(path, str)
+            and path.startswith('/')
+            and not has_control(path)
+            and not re.search(r'\s', path)
+        ):
+            errors.append(
+                f'sglang_read_write_paths: {shown(path, 60)} must be an absolute path without spaces'
+                ' or control characters'
+            )
+    for path in s['cache_paths']:
+        if re.search(r'\s', path):
+            errors.append(
+                f'sglang_environment: the cache directory {shown(path, 60)} contains whitespace; it'
+                ' must be a plain absolute path (it becomes a ReadWritePaths= entry of the unit)'
+            )
+    return errors
+
+
+def check_speculative(s):
+    errors = []
+    algo = s['sglang_speculative_algorithm']
+    if not (
+        algo is None
+        or (isinstance(algo, str) and re.match(r'^[A-Za-z][A-Za-z0-9_]{0,31}$', algo) and '\n' not in algo)
+    ):
+        errors.append(
+            f'sglang_speculative_algorithm={shown(algo, 40)}: must be an algorithm name such as'
+            ' DFLASH, EAGLE3 or NGRAM (letters, digits, _), or null for none'
+        )
+    draft = s['sglang_speculative_draft_model_path']
+    dflash = isinstance(algo, str) and algo.upper() == 'DFLASH'
+    if not ((draft is None or (isinstance(draft, str) and draft.startswith('/'))) and (not dflash or draft)):
+        errors.append(
+            f'sglang_speculative_draft_model_path={shown(draft, 60)}: must be an absolute path, and is'
+            ' required with sglang_speculative_algorithm=DFLASH'
+        )
+    window, block = s['sglang_speculative_draft_window_size'], s['sglang_speculative_block_size']
+    tokens = s['sglang_speculative_num_draft_tokens']
+    if all(is_int(v) or v is None for v in (window, block, tokens)):
+        if (window is not None and block is not None and window < block) or (
+            window is not None and tokens is not None and window < tokens
+        ):
+            errors.append(
+                f'sglang_speculative_draft_window_size={window} must be >= the block size'
+                f' (sglang_speculative_block_size={json.dumps(block)},'
+                f' sglang_speculative_num_draft_tokens={json.dumps(tokens)}); SGLang refuses it at start'
+            )
+        if block is not None and tokens is not None and block != tokens:
+            errors.append(
+                f'sglang_speculative_block_size={block} and sglang_speculative_num_draft_tokens={tokens}:'
+                ' for DFLASH the block size IS the number of draft tokens; set one of them (SGLang fails'
+                ' when both are set and differ)'
+            )
+    return errors
+
+
+def check_environment(env):
+    errors = []
+    for name, value in env.items():
+        if not (isinstance(name, str) and re.match(r'^[A-Z_][A-Z0-9_]*$', name) and name != API_KEY_ENV):
+            errors.append(
+                f'sglang_environment: the name {shown(str(name), 40)} must match ^[A-Z_][A-Z0-9_]*$'
+                f' ({API_KEY_ENV} is not allowed here: set sglang_api_key)'
+            )
+        if not ((isinstance(value, str) or is_number(value)) and not has_control(value)):
+            errors.append(
+                f'sglang_environment.{name}: must be a string or number without newline, NUL or other'
+                f' control characters (got {type_name(value)})'
+            )
+    if 'CUDA_VISIBLE_DEVICES' in env and not re.match(
+        r'^[0-9]+(,[0-9]+)*$', str(env['CUDA_VISIBLE_DEVICES'])
+    ):
+        errors.append(
+            f"sglang_environment.CUDA_VISIBLE_DEVICES={shown(str(env['CUDA_VISIBLE_DEVICES']), 60)}:"
+            ' must list numeric device ids like "0,1,2,3,4,5,6,7" (GPU UUIDs break SGLang\'s'
+            ' all-reduce set-up)'
+        )
+    return errors
+
+
+def check_extra_args(extra):
+    secret = [
+        arg.split('=', 1)[0]
+        for arg in (i.get('arg') for i in extra if isinstance(i, dict))
+        if isinstance(arg, str) and arg.split('=', 1)[0] in SECRET_FLAGS
+    ]
+    if secret:
+        # Nothing else about the extra arguments: the per-item message would show the secret.
+        return [
+            f"sglang_extra_args: {', '.join(secret)} takes a secret (value not shown); extra arguments"
+            ' are written into the unit in clear text: set sglang_api_key instead'
+        ]
+    errors = []
+    for index, item in enumerate(extra):
+        value = item.get('value') if isinstance(item, dict) else None
+        ok = (
+            isinstance(item, dict)
+            and not set(item) - {'arg', 'value'}
+            and isinstance(item.get('arg'), str)
+            and re.match(r'^--[A-Za-z0-9][A-Za-z0-9_-]*$', item['arg']) is not None
+            and (
+                'value' not in item or (isinstance(value, str) and not has_control(value)) or is_number(value)
+            )
+        )
+        if not ok:
+            errors.append(
+                f'sglang_extra_args[{index}] {shown(item, 80)}: each item has exactly "arg" (a long flag'
+                ' such as --chunked-prefill-size, no "=value") and optionally "value" (a string or number'
+                ' without control characters; leave it out for a store_true flag)'
+            )
+    return errors
+
+
+def check_service(s):
+    errors = []
+    posix = re.compile(r'^[a-z_][a-z0-9_-]{0,31}$')
+    name = s['sglang_service_name']
+    if not (
+        isinstance(s['sglang_user'], str)
+        and posix.match(s['sglang_user'])
+        and isinstance(s['sglang_group'], str)
+        and posix.match(s['sglang_group'])
+        and isinstance(name, str)
+        and re.match(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$', name)
+        and not name.endswith('.service')
+    ):
+        errors.append(
+            f"sglang_user={json.dumps(s['sglang_user'])}, sglang_group={json.dumps(s['sglang_group'])}:"
+            f' must be POSIX user/group names; sglang_service_name={json.dumps(name)}: letters, digits,'
+            ' _ . - without the .service suffix'
+        )
+    interval, burst, restart = (
+        s['sglang_start_limit_interval_sec'],
+        s['sglang_start_limit_burst'],
+        s['sglang_restart_sec'],
+    )
+    if all(is_int(v) for v in (interval, burst, restart)) and not interval > burst * restart:
+        errors.append(
+            f'sglang_start_limit_interval_sec={interval} must exceed sglang_start_limit_burst x'
+            f' sglang_restart_sec ({burst * restart} s), otherwise a crash loop never reaches the start limit'
+            ' and never ends in "failed"'
+        )
+    return errors
+
+
+def check_install(s):
+    errors = []
+    source = s['sglang_install_source']
+    version = s['sglang_version']
+    if source in ('pypi', 'wheelhouse') and not (
+        isinstance(version, str) and re.match(r'^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$', version)
+    ):
+        errors.append(f'sglang_version={shown(version, 40)}: must be a release version such as 0.5.23')
+    src = s['sglang_wheelhouse_src']
+    if source == 'wheelhouse' and not (
+        isinstance(src, str)
+        and src.startswith('/')
+        and os.path.isdir(src)
+        and glob.glob(os.path.join(glob.escape(src), 'sglang-*.whl'))
+    ):
+        errors.append(
+            f'sglang_wheelhouse_src={json.dumps(src)}: must be an absolute directory on the controller'
+            ' holding an sglang-*.whl (build it with `make wheelhouse`)'
+        )
+    repo, ref = s['sglang_git_repo'], s['sglang_git_ref']
+    if source == 'git' and not (
+        isinstance(repo, str)
+        and re.match(r'^(https|ssh|file)://[^\s#]+$', repo)
+        and isinstance(ref, str)
+        and re.match(r'^[A-Za-z0-9][A-Za-z0-9._/-]*$', ref)
+    ):
+        errors.append(
+            'sglang_install_source=git needs sglang_git_repo (an https://, ssh:// or file:// URL, now'
+            f' {shown(repo, 80)}) and sglang_git_ref (a commit, tag or branch without spaces, @ or #, now'
+            f' {shown(ref, 60)})'
+        )
+    reqs = s['sglang_dependency_requirements']
+    if not s['sglang_install_dependencies'] and not (
+        isinstance(reqs, list)
+        and reqs
+        and all(isinstance(r, str) for r in reqs)
+        and not any(has_control(r) or r.startswith('-') for r in reqs)
+    ):
+        errors.append(
+            'sglang_install_dependencies=false: sglang_dependency_requirements must list the requirement'
+            ' specifiers SGLang needs (strings such as "torch==2.14.1", no pip options), otherwise SGLang is'
+            ' installed with --no-deps and nothing to import'
+        )
+    return errors
+
+
+def check_settings(settings, int_settings, string_settings):
+    """Every failed rule, as one sentence naming the setting (empty: all good)."""
+    s = settings
+    env = s['environment'] if isinstance(s['environment'], dict) else {}
+    extra = s['sglang_extra_args'] if isinstance(s['sglang_extra_args'], list) else []
+    s = dict(
+        s, sglang_read_write_paths=s['sglang_read_write_paths'] or [], cache_paths=s['cache_paths'] or []
+    )
+    return (
+        check_types(s, int_settings, string_settings)
+        + check_api_key(s)
+        + check_paths(s)
+        + check_speculative(s)
+        + check_environment(env)
+        + check_extra_args(extra)
+        + check_service(s)
+        + check_install(s)
+    )
+
+
+class ActionModule(ActionBase):
+    _supports_check_mode = True
+    _supports_async = False
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars or {})
+        args = self._task.args
+        missing = [k for k in ('settings', 'int_settings', 'string_settings') if k not in args]
+        if missing:
+            raise AnsibleActionFail(f"sglang_settings_check: missing option(s) {', '.join(missing)}")
+        errors = check_settings(args['settings'], args['int_settings'], args['string_settings'])
+        result['changed'] = False
+        if errors:
+            result['failed'] = True
+            result['msg'] = ' | '.join(errors)
+            result['errors'] = errors
+        else:
+            result['msg'] = 'all settings are valid'
+        return result
