@@ -107,9 +107,9 @@ import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.sglang_files import replace_file
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
 
 FILE_MODE = 0o640
@@ -147,24 +147,6 @@ def append_line(path, line):
             os.close(dfd)
 
 
-def write_private(directory, name, data):
-    """Atomically replace ``directory/name`` with ``data`` (0600 root, fsynced)."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{name}.')
-    try:
-        with os.fdopen(fd, 'wb') as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o600)
-            if os.geteuid() == 0:
-                os.fchown(handle.fileno(), 0, 0)
-            os.fsync(handle.fileno())
-        os.replace(tmp, os.path.join(directory, name))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def keep_known_good(spec, write):
     """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}."""
     contents, hashes = {}, {}
@@ -176,15 +158,10 @@ def keep_known_good(spec, write):
         directory = spec['dir']
         os.makedirs(directory, mode=0o700, exist_ok=True)
         for path, data in contents.items():
-            write_private(directory, os.path.basename(path), data)
+            replace_file(os.path.join(directory, os.path.basename(path)), data, 0o600)
         meta = dict(spec['meta'], api_key=spec['api_key'], **hashes)
         text = json.dumps(meta, indent=4, sort_keys=True) + '\n'
-        write_private(directory, spec['meta_name'], text.encode())
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        replace_file(os.path.join(directory, spec['meta_name']), text.encode(), 0o600)
     return hashes
 
 

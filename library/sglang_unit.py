@@ -104,6 +104,7 @@ import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_files import replace_file
 from ansible.module_utils.sglang_systemd import parse_show
 
 STATUS_PROPERTIES = (
@@ -126,35 +127,9 @@ def read_current(path, mode):
     return content, st.st_uid == 0 and st.st_gid == 0 and stat.S_IMODE(st.st_mode) == mode
 
 
-def write_temp(directory, name, content, mode):
-    """A fsynced temporary file with ``content`` beside its destination; returns its path."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{name}.')
-    try:
-        with os.fdopen(fd, 'wb') as handle:
-            handle.write(content)
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fchown(handle.fileno(), 0, 0)
-            os.fsync(handle.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def fsync_dir(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def keep_previous(previous_dir, path, content):
     os.makedirs(previous_dir, mode=0o700, exist_ok=True)
-    name = os.path.basename(path) + '.previous'
-    tmp = write_temp(previous_dir, name, content, 0o600)
-    os.replace(tmp, os.path.join(previous_dir, name))
+    replace_file(os.path.join(previous_dir, os.path.basename(path) + '.previous'), content, 0o600)
 
 
 def systemctl(module, *args):
@@ -248,9 +223,7 @@ def main():
         path, content, mode = files[key]
         if current[key][0] is not None:
             keep_previous(p['previous_dir'], path, current[key][0])
-        directory = os.path.dirname(path)
-        os.replace(write_temp(directory, os.path.basename(path), content, mode), path)
-        fsync_dir(directory)
+        replace_file(path, content, mode)
     if need_reload:
         rc, out, err = systemctl(module, 'daemon-reload')
         if rc != 0:

@@ -1,0 +1,39 @@
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Atomic, durable file replacement for the files a deploy writes (unit, environment file, the kept
+previous and known-good copies): shared by sglang_unit and sglang_history."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path, data, mode):
+    """Replace ``path`` with ``data`` (bytes): a fsynced temporary file beside it with ``mode`` and owner
+    root (when running as root) is renamed over it, then the directory is fsynced. Either the old or
+    the new content is there at any moment, never a partial file."""
+    directory = os.path.dirname(path) or '.'
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.')
+    try:
+        with os.fdopen(fd, 'wb') as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            if os.geteuid() == 0:
+                os.fchown(handle.fileno(), 0, 0)
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
