@@ -333,6 +333,14 @@ class HealthProbe:
     def in_flight(self):
         return self._thread is not None and self._thread.is_alive()
 
+    def wait(self, seconds):
+        """Pause between polls: at most ``seconds``, less when the request in flight finishes first
+        (its answer is then read at once instead of after a full poll interval)."""
+        if self.threaded and self.in_flight():
+            self._thread.join(seconds)
+        else:
+            _sleep(seconds)
+
 
 def journal_entries(module, unit, invocation_id, main_pid, start_us, count, sync=False):
     """Journal lines of ONE invocation, oldest first, as dicts with t_us/pid/message/systemd.
@@ -852,7 +860,7 @@ class Verifier:
                 return self.result(
                     now_us, pending=True, msg=f"{self.p['unit']}: still waiting ({b.get('step')})"
                 )
-            _sleep(self.p["poll_interval"])
+            self.probe.wait(self.p["poll_interval"])
 
 
 def new_baseline(params, props, restarted, request_us, call_us, action):
