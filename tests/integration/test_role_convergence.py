@@ -34,6 +34,7 @@ pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
 UNIT_PATH = "/etc/systemd/system/sglang.service"
+ENV_PATH = "/etc/sglang/sglang.env"
 KNOWN_GOOD_UNIT = "/var/lib/sglang-deploy/known-good/sglang.service"
 MARKER_PATH = "/opt/sglang/venv/sglang-deploy-install.json"
 # The lab requirement list, read the way inventory/lab/group_vars/lab/lab.yml reads it.
@@ -49,6 +50,7 @@ FAST_VERIFY = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
 WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
 # Task names of roles/sglang.
 RENDER_UNIT = "Install the systemd unit and the environment file"
+PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
 INSTALL = "Install SGLang into the virtualenv"
 INSTALL_STEPS = "Bring the packages, account, directories and virtualenv to the wanted state"
@@ -116,10 +118,13 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         assert (stale.invocation_id, stale.active_state) == (before.invocation_id, "active")
         assert window_of(lab_host, stale.main_pid) == "2048"
 
-        # Check mode: the template matches the file on disk, yet the restart is announced.
+        # Check mode: the template matches the file on disk (nothing to install: sglang_unit is
+        # skipped), yet the restart is announced; the file is not the verified one, so the host's
+        # SGLang still checks the command line.
         r = run(lab_host, "check mode", "-e", "window=4096", "--check", "--diff", extra=FAST_VERIFY)
         ok(r)
-        assert task_status(r, RENDER_UNIT) == "ok", r.stdout[-6000:]
+        assert task_status(r, RENDER_UNIT) == "skipping", r.stdout[-6000:]
+        assert task_status(r, PREFLIGHT) == "ok", r.stdout[-6000:]
         assert (
             "Would restart sglang.service and verify it: the unit on disk is not the one last verified"
             f" ({KNOWN_GOOD_UNIT})" in flat(r)
@@ -129,7 +134,7 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         # The next real run: same settings, the unit is not rewritten, the restart still happens.
         r = run(lab_host, "deploy after the interruption", "-e", "window=4096", extra=FAST_VERIFY)
         ok(r)
-        assert task_status(r, RENDER_UNIT) == "ok", r.stdout[-6000:]
+        assert task_status(r, RENDER_UNIT) == "skipping", r.stdout[-6000:]
         assert task_status(r, RESTART) == "changed"
         after = lab_host.state()
         assert after.active_state == "active"
@@ -149,10 +154,31 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         ok(r)
         assert "changed=0" in recap(r), recap(r)
         assert task_status(r, RESTART) == "skipping", r.stdout[-6000:]
+        # Current and verified: neither the unit module nor the preflight has anything to do.
+        assert task_status(r, RENDER_UNIT) == "skipping", r.stdout[-6000:]
+        assert task_status(r, PREFLIGHT) == "skipping", r.stdout[-6000:]
         assert lab_host.state() == after
     finally:
         ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
     assert window_of(lab_host, lab_host.state().main_pid) == "2048"
+
+
+def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_host):
+    """The no-change fast path must not hide a hand-made mode change: the probe checks owner and
+    mode, so sglang_unit runs, restores 0600 and the server is restarted onto the rewritten file."""
+    before = lab_host.state()
+    lab_host.ssh(f"chmod 0644 {ENV_PATH}")
+    try:
+        r = run(lab_host, "env file 0644", "-e", "window=2048", extra=FAST_VERIFY)
+        ok(r)
+        assert task_status(r, RENDER_UNIT) == "changed", r.stdout[-6000:]
+        assert lab_host.ssh(f"stat -c %a {ENV_PATH}").stdout.strip() == "600"
+        assert task_status(r, RESTART) == "changed", r.stdout[-6000:]
+        assert "the environment file changed" in lab_host.history()[-1]["reasons"]
+        after = lab_host.state()
+        assert after.invocation_id != before.invocation_id and after.env_sha256 == before.env_sha256
+    finally:
+        lab_host.ssh(f"chmod 0600 {ENV_PATH}")
 
 
 def marker(lab_host) -> dict:
