@@ -308,6 +308,20 @@ def test_failed_unit_is_reset_then_started(monkeypatch):
     assert verbs[:2] == ["reset-failed", "start"]
 
 
+@pytest.mark.parametrize("reset", [True, False])
+def test_deliberate_restart_resets_the_start_limit_only_when_asked(monkeypatch, reset):
+    """An active unit: reset_start_limit runs reset-failed before the restart (a deploy must not
+    use up the crash-loop budget); without it only a failed unit is reset."""
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    args = {"unit": "vr-healthy", "port": 18001, "stable_seconds": 0, "health_count": 1}
+    res = run(monkeypatch, replay, dict(args, reset_start_limit=reset), tree="healthy")
+    assert not res.get("failed"), res["msg"]
+    verbs = [c[0] for c in replay.commands if c[0] not in ("show", "--no-pager")]
+    assert verbs[: 2 if reset else 1] == (["reset-failed", "restart"] if reset else ["restart"])
+    assert ("reset-failed" in verbs) is reset
+
+
 def test_verify_running_without_restart(monkeypatch):
     replay = Replay(initial="healthy/show.txt")
     replay.ready_at_us = 0
