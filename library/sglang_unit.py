@@ -47,14 +47,6 @@ options:
     description: Directory (created 0700 root) that keeps the version of each file this call replaced.
     type: path
     required: true
-  validate:
-    description: Check a changed unit with C(systemd-analyze verify) before installing it.
-    type: bool
-    default: true
-  enabled:
-    description: Enable the unit (C(systemctl enable)) when it is not.
-    type: bool
-    default: true
 attributes:
   check_mode:
     support: full
@@ -105,7 +97,8 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
-from ansible.module_utils.sglang_systemd import parse_show
+from ansible.module_utils.sglang_systemd import SystemctlError
+from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 STATUS_PROPERTIES = (
     'LoadState', 'ActiveState', 'SubState', 'UnitFileState', 'NeedDaemonReload', 'InvocationID',
@@ -137,10 +130,10 @@ def systemctl(module, *args):
 
 
 def show(module, name):
-    rc, out, err = systemctl(module, 'show', '-p', ','.join(STATUS_PROPERTIES), '--', name)
-    if rc != 0:
-        module.fail_json(msg=f'systemctl show {name} failed (rc={rc}): {(err or out).strip()}')
-    return parse_show(out)
+    try:
+        return systemctl_show(module, name, STATUS_PROPERTIES)
+    except SystemctlError as exc:
+        module.fail_json(msg=str(exc))
 
 
 def validate_unit(module, name, unit_path, content):
@@ -177,8 +170,6 @@ def main():
             env_path=dict(type='path', required=True),
             env_content=dict(type='str', required=True, no_log=True),
             previous_dir=dict(type='path', required=True),
-            validate=dict(type='bool', default=True),
-            enabled=dict(type='bool', default=True),
         ),
         supports_check_mode=True,
     )
@@ -195,7 +186,7 @@ def main():
     ]
     before = show(module, name)
     need_reload = 'unit' in changed_files or before.get('NeedDaemonReload') == 'yes'
-    need_enable = p['enabled'] and before.get('UnitFileState') != 'enabled'
+    need_enable = before.get('UnitFileState') != 'enabled'
 
     result = dict(
         changed=bool(changed_files or need_reload or need_enable),
@@ -211,7 +202,7 @@ def main():
             before='' if old is None else old.decode('utf-8', 'replace'), after=p['unit_content'],
         )
     unit_path, unit_content, _ = files['unit']
-    if 'unit' in changed_files and p['validate']:
+    if 'unit' in changed_files:
         validate_unit(module, name, unit_path, unit_content)
     if module.check_mode:
         module.exit_json(status=before, **result)

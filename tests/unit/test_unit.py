@@ -29,9 +29,6 @@ WantedBy=multi-user.target
 """
 ENV = f'SGLANG_API_KEY={SENTINEL}\nHF_HOME=/var/lib/sglang/hf\n'
 
-pytestmark = pytest.mark.skipif(shutil.which('systemd-analyze') is None, reason='needs systemd-analyze')
-
-
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     """Fake systemctl (show answers from recorded files, in order); the real systemd-analyze."""
