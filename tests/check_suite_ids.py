@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""The suite keeps every test it had (issue 15): tests may move, merge or run on a shared host, not vanish.
+
+Collects the ids of the whole suite the way the baseline was made:
+- every pytest test under tests/ (``pytest --collect-only -q tests``; the marker expression only
+  decides WHERE a test runs, not whether it exists);
+- every molecule scenario (``molecule/<name>`` for each ``molecule/*/molecule.yml``), the Testinfra
+  tests of each scenario's ``tests/`` directory, and each failure case of a scenario's verify.yml
+  (``molecule/<name>/verify.yml::Case ...``).
+
+FAILS, listing them, when an id of ``tests/suite-baseline.txt`` is no longer collected. A test that
+moved or was renamed stays listed in the baseline as ``old_id -> new_id`` (the new id must then be
+collected); ``old_id -> new_a, new_b`` when one test became several, and several old ids may name
+the same new id when tests were merged.
+
+With ``--selection ARGS`` (repeatable; the Makefile passes the pytest arguments of every part of
+``make test``) it also FAILS when a collected test is selected by none of them, i.e. exists but runs
+under no make target. ``--molecule-exclude NAME`` names scenarios ``make test`` deliberately skips.
+
+    python tests/check_suite_ids.py                      # baseline ids still collected?
+    python tests/check_suite_ids.py --write              # (re)write the baseline from what is collected now
+    python tests/check_suite_ids.py --print              # print the current ids
+
+Standard library only; pytest is run as a subprocess with the interpreter that runs this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import re
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = REPO / "tests" / "suite-baseline.txt"
+CASE = re.compile(r"""^\s*-\s+name:\s+(["']?)(Case .+?)\1\s*$""")
+
+
+def pytest_ids(args: list[str]) -> set[str]:
+    """Test ids ``pytest --collect-only -q ARGS`` collects (run from the repository root)."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args]
+    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
+    # 5: nothing collected (a selection may legitimately select nothing in a directory).
+    if proc.returncode not in (0, 5):
+        sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-3000:])
+        sys.exit(f"check_suite_ids: collection failed (rc {proc.returncode}): {shlex.join(cmd)}")
+    return {line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")}
+
+
+@functools.lru_cache(maxsize=None)
+def molecule_ids() -> dict[str, set[str]]:
+    """scenario name -> its ids (the scenario itself, its Testinfra tests, its verify.yml cases)."""
+    out: dict[str, set[str]] = {}
+    for config in sorted((REPO / "molecule").glob("*/molecule.yml")):
+        scenario = config.parent
+        rel = scenario.relative_to(REPO).as_posix()
+        ids = {rel}
+        if (scenario / "tests").is_dir():
+            ids |= pytest_ids([f"{rel}/tests"])
+        verify = scenario / "verify.yml"
+        if verify.is_file():
+            for line in verify.read_text().splitlines():
+                match = CASE.match(line)
+                if match:
+                    ids.add(f"{rel}/verify.yml::{match.group(2)}")
+        out[scenario.name] = ids
+    return out
+
+
+def current_ids() -> set[str]:
+    ids = pytest_ids(["tests"])
+    for scenario_ids in molecule_ids().values():
+        ids |= scenario_ids
+    return ids
+
+
+def read_baseline(path: Path) -> dict[str, list[str]]:
+    """baseline id -> the ids that must be collected for it (itself, or what it moved to)."""
+    wanted: dict[str, list[str]] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if " -> " in line:
+            old, new = line.split(" -> ", 1)
+            targets = [t.strip() for t in new.split(", ") if t.strip()]
+            if not targets:
+                sys.exit(f"{path}:{number}: '{line}' names no new id")
+            wanted[old.strip()] = targets
+        else:
+            wanted[line] = [line]
+    return wanted
+
+
+def directory(test_id: str) -> str:
+    path = test_id.split("::", 1)[0]
+    parts = path.split("/")
+    return "/".join(parts[:2]) if len(parts) > 1 else path
+
+
+def write_baseline(path: Path, ids: set[str]) -> None:
+    counts = Counter(directory(i) for i in ids)
+    lab = Counter(directory(i) for i in pytest_ids(["-m", "lab", "tests"]))
+    head = [
+        "# Test ids of the whole suite (issue 15): every one must still be collected, and run by `make test`",
+        "# (tests/check_suite_ids.py, run by `make check`). A moved or renamed test stays here as",
+        "# `old_id -> new_id`. Produced by `python tests/check_suite_ids.py --write` on "
+        f"{datetime.date.today().isoformat()}:",
+        "#   pytest --collect-only -q tests  (tests/unit, tests/lab_server, tests/lab, tests/integration,",
+        "#   tests/gpu_roles, tests/weights; union of `-m lab` and `-m 'not lab'`), plus molecule/<scenario>,",
+        "#   its Testinfra tests (molecule/<s>/tests) and the failure cases of molecule/<s>/verify.yml.",
+        "# Counts: " + ", ".join(f"{d} {n}" for d, n in sorted(counts.items())) + f"; total {len(ids)}.",
+        "# Of these marked lab (`-m lab`): " + ", ".join(f"{d} {n}" for d, n in sorted(lab.items())) + ".",
+    ]
+    path.write_text("\n".join(head + sorted(ids)) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--write", action="store_true", help="write the baseline from the current ids")
+    parser.add_argument("--print", action="store_true", dest="print_ids", help="print the current ids")
+    parser.add_argument(
+        "--selection",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="pytest arguments of one part of `make test` (shell-quoted string; repeatable)",
+    )
+    parser.add_argument("--molecule-exclude", action="append", default=[], metavar="SCENARIO")
+    args = parser.parse_args(argv)
+
+    ids = current_ids()
+    if args.print_ids:
+        print("\n".join(sorted(ids)))
+        return 0
+    if args.write:
+        write_baseline(args.baseline, ids)
+        print(f"{args.baseline}: {len(ids)} ids")
+        return 0
+
+    problems = []
+    wanted = read_baseline(args.baseline)
+    missing = sorted(
+        f"{old}" + ("" if targets == [old] else f" -> {', '.join(t for t in targets if t not in ids)}")
+        for old, targets in wanted.items()
+        if any(t not in ids for t in targets)
+    )
+    if missing:
+        problems.append(f"{len(missing)} test id(s) of {args.baseline.name} are no longer collected:")
+        problems += [f"  {m}" for m in missing]
+
+    if args.selection:
+        selected: set[str] = set()
+        excluded = [["molecule", name] for name in args.molecule_exclude]  # run by hand (real GPU)
+        for selection in args.selection:
+            selected |= pytest_ids(shlex.split(selection))
+        for name, scenario_ids in molecule_ids().items():
+            if name not in args.molecule_exclude:
+                selected |= scenario_ids
+        unrun = sorted(i for i in ids - selected if i.split("/")[:2] not in excluded)
+        if unrun:
+            problems.append(f"{len(unrun)} collected test(s) run under no part of `make test`:")
+            problems += [f"  {u}" for u in unrun]
+
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        print(
+            "A test may move or merge, not disappear: record a move in the baseline as "
+            "`old_id -> new_id`.",
+            file=sys.stderr,
+        )
+        return 1
+    summary = f"suite ids: all {len(wanted)} baseline ids collected ({len(ids)} now)"
+    if args.selection:
+        summary += f"; every one runs in `make test` ({len(args.selection)} pytest parts + molecule)"
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
