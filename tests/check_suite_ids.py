@@ -52,7 +52,7 @@ def pytest_ids(args: list[str]) -> set[str]:
     return {line.strip() for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def molecule_ids() -> dict[str, set[str]]:
     """scenario name -> its ids (the scenario itself, its Testinfra tests, its verify.yml cases)."""
     out: dict[str, set[str]] = {}
@@ -112,8 +112,9 @@ def write_baseline(path: Path, ids: set[str]) -> None:
         "# `old_id -> new_id`. Produced by `python tests/check_suite_ids.py --write` on "
         f"{datetime.date.today().isoformat()}:",
         "#   pytest --collect-only -q tests  (tests/unit, tests/lab_server, tests/lab, tests/integration,",
-        "#   tests/gpu_roles, tests/weights; union of `-m lab` and `-m 'not lab'`), plus molecule/<scenario>,",
-        "#   its Testinfra tests (molecule/<s>/tests) and the failure cases of molecule/<s>/verify.yml.",
+        "#   tests/gpu_roles, tests/weights; union of `-m lab` and `-m 'not lab'`),",
+        "#   plus molecule/<scenario>, its Testinfra tests (molecule/<s>/tests) and the failure cases",
+        "#   of molecule/<s>/verify.yml.",
         "# Counts: " + ", ".join(f"{d} {n}" for d, n in sorted(counts.items())) + f"; total {len(ids)}.",
         "# Of these marked lab (`-m lab`): " + ", ".join(f"{d} {n}" for d, n in sorted(lab.items())) + ".",
     ]
@@ -171,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         print(
-            "A test may move or merge, not disappear: record a move in the baseline as "
-            "`old_id -> new_id`.",
+            "A test may move or merge, not disappear: record a move in the baseline as `old_id -> new_id`.",
             file=sys.stderr,
         )
         return 1
