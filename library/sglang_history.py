@@ -35,7 +35,7 @@ options:
   known_good:
     description:
       - With O(record), first keep the files just verified as the known-good ones (what a rollback
-        restores): each of O(known_good.files) is copied atomically to O(known_good.dir) (C(0600) root),
+        restores); each of O(known_good.files) is copied atomically to O(known_good.dir) (C(0600) root),
         its sha256 is added to the record and to the metadata file as C(<name>_sha256), and
         O(known_good.meta) (plus O(known_good.api_key)) is written to
         O(known_good.dir)/O(known_good.meta_name).
@@ -47,7 +47,7 @@ options:
         type: path
         required: true
       files:
-        description: Name -> path of each verified file, e.g. C({unit: /etc/systemd/system/sglang.service}).
+        description: "Name -> path of each verified file, e.g. C({unit: /etc/systemd/system/sglang.service})."
         type: dict
         required: true
       meta_name:

@@ -83,7 +83,7 @@ options:
   reset_start_limit:
     description:
       - With O(restart), run C(systemctl reset-failed UNIT) before the restart even when the unit is
-        not C(failed): a deliberate restart then does not count against C(StartLimitBurst), whose
+        not C(failed); a deliberate restart then does not count against C(StartLimitBurst), whose
         budget is meant for crashes (without it the 4th deploy within C(StartLimitIntervalSec) is refused).
     type: bool
     default: false
