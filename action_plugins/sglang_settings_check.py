@@ -14,12 +14,30 @@ message that would show the item).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import re
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+
+
+def _load_options():
+    """module_utils/sglang_options.py (standard library only), the ONE owner of SGLang option knowledge."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils',
+                        'sglang_options.py')
+    spec = importlib.util.spec_from_file_location('sglang_options', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OPTIONS = _load_options()
+# Role variable -> (min, max) from the one set of bounds (the knobs' and the role's are the same).
+ROLE_BOUNDS = {
+    var: OPTIONS.BOUNDS[key] for key, var in OPTIONS.ROLE_VARIABLE.items() if key in OPTIONS.BOUNDS
+}
 
 CONTROL_CHARS = re.compile(r'[\x00-\x1f\x7f-\x9f]')
 SECRET_FLAGS = ('--api-key', '--admin-api-key', '--hf-token', '--ssl-keyfile-password')
@@ -79,6 +97,8 @@ def has_control(value):
 def check_types(s, int_settings, string_settings):
     errors = []
     for item in int_settings:
+        if item['name'] in ROLE_BOUNDS:
+            item = dict(item, min=ROLE_BOUNDS[item['name']][0], max=ROLE_BOUNDS[item['name']][1])
         value = s.get(item['name'])
         ok = (item['nullable'] and value is None) or (is_int(value) and item['min'] <= value <= item['max'])
         if not ok:
@@ -193,6 +213,46 @@ def check_speculative(s):
                 ' when both are set and differ)'
             )
     return errors
+
+
+# Role variable -> canonical key, for the settings a build profile can refuse.
+PROFILE_SETTINGS = {
+    'sglang_speculative_algorithm': 'speculative_algorithm',
+    'sglang_speculative_draft_window_size': 'speculative_draft_window_size',
+    'sglang_speculative_tree_budget': 'speculative_ddtree_budget',
+    'sglang_speculative_topk': 'speculative_eagle_topk',
+    'sglang_speculative_num_steps': 'speculative_num_steps',
+    'sglang_speculative_num_draft_tokens': 'speculative_num_draft_tokens',
+    'sglang_speculative_block_size': 'speculative_dflash_block_size',
+}
+
+
+def check_profile(s, env):
+    """The build profile exists and is well formed, and the settings ask nothing the build refuses."""
+    profile, errors = OPTIONS.select_profile(s.get('sglang_build_profile'), s.get('sglang_build_profiles'))
+    if errors:
+        return errors
+    settings = {key: s.get(var) for var, key in PROFILE_SETTINGS.items()
+                if is_int(s.get(var)) or (key == 'speculative_algorithm' and isinstance(s.get(var), str))}
+    if s.get('sglang_speculative_algorithm') is None:
+        settings = {}
+    page = [item.get('value') for item in s.get('sglang_extra_args') or []
+            if isinstance(item, dict) and item.get('arg') == '--page-size']
+    if page and str(page[-1]).isdigit():
+        settings['page_size'] = int(page[-1])
+    return OPTIONS.plan_settings(settings, profile, env)[2]
+
+
+def check_knobs(knobs):
+    """Every knob given (extra vars are strings) is an integer within the ONE set of bounds."""
+    errors = [OPTIONS.knob_error(name, value) for name, value in knobs.items()
+              if name in OPTIONS.KNOBS and value is not None]
+    algo = knobs.get('algorithm')
+    if algo is not None and not re.match(r'^[A-Za-z][A-Za-z0-9_]{0,31}$', str(algo)):
+        errors.append(
+            f'algorithm={shown(str(algo), 40)}: must be a speculative algorithm name such as DFLASH or DDTREE'
+        )
+    return [e for e in errors if e]
 
 
 def check_environment(env):
@@ -347,6 +407,7 @@ def check_settings(settings, int_settings, string_settings):
         + check_extra_args(extra)
         + check_service(s)
         + check_install(s)
+        + check_profile(s, env)
     )
 
 
@@ -359,6 +420,11 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars or {})
         args = self._task.args
+        if 'knobs' in args:  # the command-line knobs (-e window=2048), bounds from sglang_options.KNOBS
+            errors = check_knobs(args['knobs'] or {})
+            result.update(changed=False, failed=bool(errors), errors=errors,
+                          msg=' | '.join(errors) if errors else 'all knobs are valid')
+            return result
         missing = [k for k in ('settings', 'int_settings', 'string_settings') if k not in args]
         if missing:
             raise AnsibleActionFail(f"sglang_settings_check: missing option(s) {', '.join(missing)}")

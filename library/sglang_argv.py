@@ -56,6 +56,22 @@ options:
         (for example C(api_key) -> C(SGLANG_API_KEY)).
     type: dict
     default: {}
+  profile:
+    description:
+      - The build profile (module_utils/sglang_options.py C(PROFILES), or one the operator declared),
+        as the role's settings check resolved it. Decides which knobs go into the environment
+        instead of a flag, which values the build forces, its limits. Default C(upstream).
+    type: str
+    default: upstream
+  profiles:
+    description: Profiles the operator declared (C(sglang_build_profiles)), by name.
+    type: dict
+    default: {}
+  environment:
+    description: Names of the service environment variables set by hand, to refuse a knob set twice.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     support: full
@@ -112,6 +128,34 @@ algorithms:
   returned: with O(python)
   type: list
   elements: str
+env:
+  description:
+    - Knobs the build reads from the environment (for example C(SGLANG_DDTREE_MAX_TOPK)), for the env file.
+  returned: success
+  type: dict
+  sample: {"SGLANG_DDTREE_MAX_TOPK": "4"}
+env_managed:
+  description: Canonical key -> environment variable of each knob in RV(env).
+  returned: success
+  type: dict
+  sample: {"speculative_eagle_topk": "SGLANG_DDTREE_MAX_TOPK"}
+require_window:
+  description:
+    - Whether the algorithm honours the draft window and one is set (the assertion then requires the
+      draft runner's proof).
+  returned: success
+  type: bool
+flag_dests:
+  description:
+    - The installed parser's flags whose dest is not the flag spelled with C(_), for reading a cmdline.
+  returned: success
+  type: dict
+  sample: {"--tp": "tp_size", "--model": "model_path"}
+profile:
+  description: Name of the build profile used.
+  returned: success
+  type: str
+  sample: ddtree-pr29907
 capabilities_cached:
   description: With O(python), true when the flags came from the cache without importing SGLang.
   returned: with O(python)
@@ -121,8 +165,9 @@ capabilities_cached:
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_argv import build_argv
+from ansible.module_utils.sglang_argv import build_command, flag_dests
 from ansible.module_utils.sglang_capabilities import discover
+from ansible.module_utils.sglang_options import select_profile
 from ansible.module_utils.sglang_redact import redact_argv
 
 
@@ -136,6 +181,9 @@ def main():
             cache_dir=dict(type='path', default='/var/lib/sglang-deploy/capabilities'),
             timeout=dict(type='int', default=300),
             secret_env=dict(type='dict', default={}),
+            profile=dict(type='str', default='upstream'),
+            profiles=dict(type='dict', default={}),
+            environment=dict(type='list', elements='str', default=[]),
         ),
         mutually_exclusive=[('capabilities', 'python')],
         required_one_of=[('capabilities', 'python')],
@@ -155,16 +203,23 @@ def main():
             module, params['python'], params['cache_dir'], params['timeout']
         )
         found = {'algorithms': capabilities.get('algorithms', []), 'capabilities_cached': cached}
+    profile, errors = select_profile(params['profile'], params['profiles'])
+    if errors:
+        module.fail_json(msg='; '.join(errors))
     try:
-        argv, managed = build_argv(settings, capabilities, params['extra_args'], secret_env)
+        built = build_command(settings, capabilities, profile, params['extra_args'], secret_env,
+                              params['environment'])
     except ValueError as exc:
         module.fail_json(msg=str(exc))
+    dests = {flag: dest for flag, dest in flag_dests(capabilities).items()
+             if flag.startswith('--') and flag[2:].replace('-', '_') != dest}
     module.exit_json(
         changed=False,
-        argv=argv,
-        managed=managed,
-        display_argv=shlex.join(redact_argv(argv, secret_values)),
+        display_argv=shlex.join(redact_argv(built['argv'], secret_values)),
         version=capabilities.get('version'),
+        flag_dests=dests,
+        profile=profile['name'],
+        **built,
         **found,
     )
 

@@ -118,6 +118,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_options import read_argv, window_support
 from ansible.module_utils.sglang_redact import redact, redact_text
 from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
@@ -201,45 +202,6 @@ finish({"resolved": {k: plain(resolved[k]) for k in sorted(keys) if k in resolve
 
 SCRIPT_SHA256 = hashlib.sha256(RESOLVE_SCRIPT.encode()).hexdigest()
 
-# Spellings of the options the rules below read (0.5.23 names first, then older ones).
-RULE_FLAGS = {
-    'speculative_algorithm': ('--speculative-algorithm', '--speculative-algo'),
-    'speculative_draft_window_size': (
-        '--speculative-draft-window-size', '--speculative-dflash-draft-window-size'),
-    'speculative_num_draft_tokens': ('--speculative-num-draft-tokens',),
-    'speculative_dflash_block_size': ('--speculative-dflash-block-size',),
-    'speculative_draft_model_path': ('--speculative-draft-model-path', '--speculative-draft-model'),
-    'speculative_num_steps': ('--speculative-num-steps',),
-    'speculative_eagle_topk': ('--speculative-eagle-topk',),
-    'pp_size': ('--pp-size', '--pipeline-parallel-size'),
-    'model_path': ('--model-path', '--model'),
-}
-_FLAG_TO_KEY = {flag: key for key, flags in RULE_FLAGS.items() for flag in flags}
-
-# SGLang 0.5.23 speculative_hook: the window is honoured by DFLASH; by EAGLE/EAGLE3 (NEXTN = EAGLE)
-# only for Llama EAGLE-3 drafts and the built-in EAGLE/MTP draft on the triton/flashinfer draft
-# backends; every other builtin logs "has no effect" and runs WITHOUT the window.
-WINDOW_FULL = frozenset({'DFLASH'})
-WINDOW_PARTIAL = frozenset({'EAGLE', 'EAGLE3', 'NEXTN'})
-WINDOW_IGNORED = frozenset({'NGRAM', 'STANDALONE', 'DSPARK', 'UNO'})
-
-
-
-
-def rule_values(argv):
-    """{key: value string} for the options the rules read (last occurrence wins, like argparse)."""
-    values = {}
-    for i, token in enumerate(argv):
-        flag, eq, inline = token.partition('=')
-        key = _FLAG_TO_KEY.get(flag)
-        if key is None:
-            continue
-        if eq:
-            values[key] = inline
-        elif i + 1 < len(argv):
-            values[key] = argv[i + 1]
-    return values
-
 
 def _int(values, key):
     if key not in values:
@@ -266,7 +228,7 @@ def draft_block_size(draft_path):
 
 def check_rules(argv):
     """Late SGLang rules, checked up front. Returns warnings; raises ValueError naming the setting."""
-    values = rule_values(argv)
+    values = read_argv(argv)
     warnings = []
     algo = values.get('speculative_algorithm')
     algo = algo.upper() if algo else None
@@ -274,17 +236,18 @@ def check_rules(argv):
     if window is not None:
         if window <= 0:
             raise ValueError(f'speculative_draft_window_size: must be > 0, got {window}')
-        if algo is None:
+        support = window_support(algo)
+        if support == 'none':
             raise ValueError('speculative_draft_window_size: set without a speculative algorithm; '
-                             'SGLang would ignore it (use speculative_algorithm DFLASH)')
-        if algo in WINDOW_IGNORED:
+                             'SGLang would ignore it (use speculative_algorithm DFLASH or DDTREE)')
+        if support == 'ignored':
             raise ValueError(f'speculative_draft_window_size: speculative_algorithm {algo} does not honour '
                              'the draft window; SGLang only logs a warning and runs without it (use DFLASH)')
-        if algo in WINDOW_PARTIAL:
+        if support == 'sometimes':
             warnings.append(f'speculative_draft_window_size: with {algo} the window is honoured only by '
                             'Llama EAGLE-3 drafts and the EAGLE/MTP draft on the triton/flashinfer '
                             'draft backends')
-        elif algo not in WINDOW_FULL:
+        elif support == 'unknown':
             warnings.append(f'speculative_draft_window_size: {algo} is not a built-in algorithm; whether it '
                             'honours the draft window depends on that build')
     if algo != 'DFLASH':
@@ -373,7 +336,7 @@ def preflight(module, params):
     if rc != 0 or not meta or 'version' not in meta:
         reason = (meta or {}).get('error') or error_line(err) or f'rc={rc}'
         module.fail_json(msg=f'python {python}: cannot read the installed sglang metadata: {reason}', rc=rc)
-    key = cache_key(argv, params['device'], env, meta, rule_values(argv))
+    key = cache_key(argv, params['device'], env, meta, read_argv(argv))
     path = os.path.join(params['cache_dir'], key + '.json')
     try:
         with open(path, encoding='utf-8') as handle:

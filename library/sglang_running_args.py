@@ -19,8 +19,12 @@ description:
     older run (C(KillMode=process)) logs with the NEW invocation's id (recorded on systemd 252).
   - Window evidence when O(expected) sets C(speculative_draft_window_size) - fails when SGLang
     logged that it ignores the window (C(--speculative-draft-window-size has no effect with ...),
-    C(Ignoring --speculative-draft-window-size=...)), when the algorithm never honours a window,
-    and when the C(Initialized DFLASH draft runner) line reports another C(draft_window_size).
+    C(Ignoring --speculative-draft-window-size=...)), when the algorithm never honours a window
+    (DFLASH and DDTREE, C(WINDOW_HONOURED) in module_utils/sglang_options.py), and when this
+    invocation's C(Initialized DFLASH draft runner) or C(Initialized DDTREE draft runner) line reports
+    another C(draft_window_size) or no C(compact_cache).
+  - Knobs the build reads from the environment (O(expected_env), e.g. C(SGLANG_DDTREE_MAX_TOPK)) are
+    read from the RUNNING process, C(/proc/<MainPID>/environ) (root only), not from the env file.
   - Read-only; runs fully in check mode. Secrets (O(api_key), O(secret_values), and every value
     of a secret key found in any source) never appear in the result (P13).
 version_added: "0.1.0"
@@ -55,10 +59,16 @@ options:
     required: true
   require_window:
     description:
-      - Fail unless the draft window is demonstrably in effect - algorithm DFLASH and the
-        C(Initialized DFLASH draft runner) line of this invocation reports the expected window.
+      - Fail unless the draft window is demonstrably in effect - an algorithm that honours it and the
+        C(Initialized <ALGORITHM> draft runner) line of this invocation reports the expected window.
     type: bool
     default: false
+  expected_env:
+    description:
+      - Environment variable -> intended value, for knobs the build reads from the environment
+        (the C(env) return of M(sglang_argv)); compared with C(/proc/<MainPID>/environ).
+    type: dict
+    default: {}
   secret_values:
     description: Literal secret values to scrub from every returned string.
     type: list
@@ -66,9 +76,9 @@ options:
     default: []
   flag_dests:
     description:
-      - argparse flag -> dest map of the installed SGLang (e.g. from M(sglang_capabilities)), to
-        read C(/proc/<pid>/cmdline) exactly. Without it C(--foo-bar) is read as C(foo_bar) plus
-        the 0.5.23 aliases built into module_utils/sglang_serverargs.py.
+      - argparse flag -> dest map of the installed SGLang (the C(flag_dests) return of M(sglang_argv)),
+        to read C(/proc/<pid>/cmdline) exactly. Without it C(--foo-bar) is read as C(foo_bar) plus the
+        0.5.23 exceptions of module_utils/sglang_options.py.
     type: dict
   timeout:
     description: Seconds for each HTTP request.
@@ -106,6 +116,7 @@ reported:
     server_info: {"speculative_draft_window_size": 2048}
     journal: {"speculative_draft_window_size": 2048}
     cmdline: {"speculative_draft_window_size": "2048"}
+    environ: {"SGLANG_DDTREE_MAX_TOPK": "4"}
 diff:
   description: "One line per disagreement: C(key: expected X, running Y (source))."
   returned: always
@@ -124,6 +135,13 @@ evidence:
   type: dict
   sample: {"invocation_id": "5f67eaa332b14ce095abdbeeeb5c0407", "main_pid": 98, "server_args_form": "dict",
            "runner": {"draft_window_size": 2048, "compact_cache": true}, "ignored": [], "warnings": []}
+read_from:
+  description: Managed key (or environment variable) -> the sources that reported the intended value.
+  returned: always
+  type: dict
+  sample: {"speculative_ddtree_budget": ["/server_info", "journal", "cmdline"],
+           "SGLANG_DDTREE_MAX_TOPK": ["/proc/1234/environ"],
+           "speculative_draft_window_size": ["/server_info", "journal", "cmdline", "DDTREE draft runner"]}
 msg:
   description: Summary; on failure the readable multi-line diff.
   returned: always
@@ -139,36 +157,39 @@ from ansible.module_utils.sglang_journal import (  # noqa: E402
     message_text,
     read_invocation,
 )
+from ansible.module_utils.sglang_options import (  # noqa: E402
+    WINDOW_IGNORED_MESSAGES,
+    WINDOW_KEY,
+    canonical_key,
+    lookup,
+    parse_draft_runner,
+    read_argv,
+    window_support,
+)
 from ansible.module_utils.sglang_redact import is_secret_key, redact  # noqa: E402
 from ansible.module_utils.sglang_serverargs import (  # noqa: E402
     MARKER,
     ServerArgsParseError,
-    argv_settings,
-    canonical_key,
     compare,
-    lookup,
-    parse_dflash_runner,
     parse_server_args,
+    values_equal,
 )
 from ansible.module_utils.sglang_systemd import SystemctlError, as_int, show  # noqa: E402
 
-WINDOW_KEY = 'speculative_draft_window_size'
-# SGLang 0.5.23 warnings that the window is not applied (exact text from its source):
-# srt/arg_groups/speculative_hook.py and srt/speculative/spec_utils.py.
-WINDOW_IGNORED = (
-    '--speculative-draft-window-size has no effect with',
-    'Ignoring --speculative-draft-window-size=',
-)
-# srt/arg_groups/fields/spec.py: honoured by DFLASH; by EAGLE/EAGLE3 (and MTP/NEXTN, which resolve
-# to EAGLE) only on some draft backends (triton/flashinfer, Llama EAGLE-3); others ignore it.
-WINDOW_HONOURED = frozenset({'DFLASH'})
-WINDOW_SOMETIMES = frozenset({'EAGLE', 'EAGLE3', 'NEXTN', 'MTP'})
+
+def _proc_parts(pid, name):
+    with open(f'/proc/{int(pid)}/{name}', 'rb') as fh:
+        raw = fh.read()
+    return [part.decode('utf-8', errors='replace') for part in raw.split(b'\0') if part]
 
 
 def read_cmdline(pid):
-    with open(f'/proc/{int(pid)}/cmdline', 'rb') as fh:
-        raw = fh.read()
-    return [part.decode('utf-8', errors='replace') for part in raw.split(b'\0') if part]
+    return _proc_parts(pid, 'cmdline')
+
+
+def read_environ(pid):
+    """The process's environment as it started (``/proc/<pid>/environ``; root only)."""
+    return dict(part.split('=', 1) for part in _proc_parts(pid, 'environ') if '=' in part)
 
 
 def secret_values_of(sources):
@@ -200,14 +221,13 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
             problems.append(f'require_window is set but expected has no {WINDOW_KEY}')
         return problems
     for text in messages:
-        if any(marker in text for marker in WINDOW_IGNORED):
+        if any(marker in text for marker in WINDOW_IGNORED_MESSAGES):
             problems.append(
                 f'{WINDOW_KEY}: SGLang reports it ignores the window in this invocation: {text.strip()}'
             )
-    algo = (running_algo or '').upper() if isinstance(running_algo, str) else running_algo
-    if algo in WINDOW_HONOURED:
-        pass
-    elif algo in WINDOW_SOMETIMES:
+    algo = str(running_algo).upper() if running_algo else running_algo
+    support = window_support(algo)
+    if support == 'sometimes':
         msg = (
             f'{WINDOW_KEY}={want} with speculative_algorithm={algo}: honoured only by Llama EAGLE-3 and the '
             'triton/flashinfer draft backends; SGLang may ignore it silently'
@@ -216,25 +236,31 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
             problems.append(msg + ' (require_window is set)')
         else:
             evidence['warnings'].append(msg)
-    else:
+    elif support != 'honoured':
         problems.append(
             f'{WINDOW_KEY}={want} has no effect with speculative_algorithm={algo} '
-            '(SGLang honours the window for DFLASH and EAGLE/EAGLE3 only)'
+            '(SGLang honours the window for DFLASH and DDTREE, and EAGLE/EAGLE3 on some draft backends)'
         )
-    if runner is not None:
+    if runner is not None and runner.get('algorithm') != algo:
+        problems.append(
+            f"{WINDOW_KEY}: this invocation's draft runner line is {runner.get('algorithm')}'s, "
+            f'but the server runs speculative_algorithm={algo}'
+        )
+    elif runner is not None:
+        name = f"{runner.get('algorithm')} draft runner"
         if not _same_int(runner.get('draft_window_size'), want):
             problems.append(
-                f"{WINDOW_KEY}: expected {want}, DFLASH draft runner reports "
+                f"{WINDOW_KEY}: expected {want}, {name} reports "
                 f"draft_window_size={runner.get('draft_window_size')} (journal runner line)"
             )
         elif runner.get('compact_cache') is not True:
             problems.append(
-                f"{WINDOW_KEY}: DFLASH draft runner reports compact_cache={runner.get('compact_cache')} "
+                f"{WINDOW_KEY}: {name} reports compact_cache={runner.get('compact_cache')} "
                 'with a window set (journal runner line)'
             )
-    elif require_window and algo in WINDOW_HONOURED:
+    elif require_window and support == 'honoured':
         problems.append(
-            f'{WINDOW_KEY}: no "Initialized DFLASH draft runner" line in this invocation\'s journal; '
+            f'{WINDOW_KEY}: no "Initialized {algo} draft runner" line in this invocation\'s journal; '
             'the window cannot be shown to be in effect (require_window is set)'
         )
     return problems
@@ -332,7 +358,7 @@ def run(module):
                     )
                     continue
                 accepted.append(text)
-            found = parse_dflash_runner(text)
+            found = parse_draft_runner(text)
             if found is not None:
                 runner = found
         evidence['runner'] = runner
@@ -357,7 +383,7 @@ def run(module):
     # 3. /proc/<MainPID>/cmdline
     try:
         argv = read_cmdline(main_pid)
-        settings = argv_settings(argv, p['flag_dests'])
+        settings = read_argv(argv, p['flag_dests'])
         raw_sources.append(settings)
         reported['cmdline'] = managed_view(settings, expected)
         present = {k: v for k, v in expected.items() if lookup(settings, k)[0]}
@@ -365,12 +391,47 @@ def run(module):
     except OSError as exc:
         failures.append(f'cannot read /proc/{main_pid}/cmdline: {exc.strerror}')
 
+    # 4. knobs the build reads from the environment: the RUNNING process's, not the env file's
+    if p['expected_env']:
+        try:
+            environ = read_environ(main_pid)
+            reported['environ'] = {name: environ.get(name) for name in p['expected_env']}
+            for name, want in sorted(p['expected_env'].items()):
+                if name not in environ:
+                    diff.append(f'{name}: expected {want}, not in the environment of MainPID {main_pid} '
+                                f'(/proc/{main_pid}/environ)')
+                elif not values_equal(name, want, environ[name]):
+                    diff.append(
+                        f'{name}: expected {want}, running {environ[name]} (/proc/{main_pid}/environ)'
+                    )
+        except OSError as exc:
+            failures.append(f'cannot read /proc/{main_pid}/environ: {exc.strerror} (needs root)')
+
     # window evidence
     algo_source = journal_args if journal_args is not None else reported.get('server_info') or {}
     running_algo = lookup(algo_source, 'speculative_algorithm')[1]
     diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence)
-    evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED)]
+    evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED_MESSAGES)]
+    result['read_from'] = read_from(expected, p['expected_env'], reported, runner, result['source'], main_pid)
     return result, failures, raw_sources
+
+
+def read_from(expected, expected_env, reported, runner, http_path, main_pid):
+    """Which sources reported the intended value of each managed key (for the operator's summary)."""
+    names = {'server_info': http_path or '/server_info', 'journal': 'journal server_args',
+             'cmdline': f'/proc/{main_pid}/cmdline'}
+    out = {}
+    for key, want in expected.items():
+        out[key] = [label for source, label in names.items()
+                    if any(canonical_key(k.split(' (as ')[0]) == key and values_equal(key, want, v)
+                           for k, v in (reported.get(source) or {}).items())]
+    if runner is not None and WINDOW_KEY in expected and _same_int(runner.get('draft_window_size'),
+                                                                 expected[WINDOW_KEY]):
+        out[WINDOW_KEY].append(f"{runner.get('algorithm')} draft runner")
+    for name, want in expected_env.items():
+        running = (reported.get('environ') or {}).get(name)
+        out[name] = [f'/proc/{main_pid}/environ'] if values_equal(name, want, running) else []
+    return out
 
 
 def main():
@@ -385,6 +446,7 @@ def main():
             require_window=dict(type='bool', default=False),
             secret_values=dict(type='list', elements='str', default=[], no_log=True),
             flag_dests=dict(type='dict'),
+            expected_env=dict(type='dict', default={}),
             timeout=dict(type='float', default=10),
         ),
         supports_check_mode=True,

@@ -2,9 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Structured settings <-> SGLang argv, driven by the INSTALLED parser's capabilities.
 
-The ONE table of canonical settings lives here. A canonical key is the argparse ``dest`` of
-SGLang 0.5.23; ``ACCEPTED_DESTS`` lists, in preference order, the dests a build may use for
-the same setting (renames, fork spellings). ``capabilities`` is the return value of the
+The canonical keys and their accepted dests per build come from module_utils/sglang_options.py.
+``capabilities`` is the return value of the
 ``sglang_capabilities`` module: ``{'version', 'options': {dest: {...}}, 'algorithms': [...]}``.
 
 Pure functions, standard library only. Every error is a ``ValueError`` whose text starts with
@@ -17,70 +16,21 @@ import difflib
 import json
 import numbers
 
-# canonical key -> accepted dests, preferred first. A key not listed here accepts only itself.
-ACCEPTED_DESTS = {
-    # [#24664] added --speculative-draft-window-size; [#25424] made the old DFLASH-only name a
-    # hidden deprecated alias; [#38375] removed it (0.5.23 rejects it with exit 2).
-    # SGLang 0.5.11 has only the old dest, 0.5.12 both names on one action.
-    'speculative_draft_window_size': (
-        'speculative_draft_window_size',
-        'speculative_dflash_draft_window_size',
-    ),
-    # Not upstream. Rancy-Wang/sglang (ddtree, ddtree-v2) and open PR #29907:
-    # --speculative-ddtree-budget (dest speculative_ddtree_budget). The reference code
-    # liranringel/ddtree spells it --tree-budget.
-    'speculative_ddtree_budget': (
-        'speculative_ddtree_budget',
-        'tree_budget',
-    ),
-    # SGLang 0.5.11 stored the parallel sizes under the long flag's dest and copied them in
-    # ServerArgs.from_cli_args (args.tp_size = args.tensor_parallel_size, ...).
-    'tp_size': ('tp_size', 'tensor_parallel_size'),
-    'pp_size': ('pp_size', 'pipeline_parallel_size'),
-    'dp_size': ('dp_size', 'data_parallel_size'),
-    'ep_size': ('ep_size', 'expert_parallel_size'),
-    'attn_cp_size': ('attn_cp_size', 'attention_context_parallel_size'),
-    'moe_dp_size': ('moe_dp_size', 'moe_data_parallel_size'),
-    'speculative_draft_model_path': ('speculative_draft_model_path',),
-    'speculative_num_draft_tokens': ('speculative_num_draft_tokens',),
-    'speculative_dflash_block_size': ('speculative_dflash_block_size',),
-    'speculative_eagle_topk': ('speculative_eagle_topk',),
-    'speculative_num_steps': ('speculative_num_steps',),
-}
-
-# canonical key -> the OTHER spellings (the shape module_utils/sglang_serverargs.py uses).
-KEY_ALIASES = {key: dests[1:] for key, dests in ACCEPTED_DESTS.items() if len(dests) > 1}
-
-# Settings whose value SGLang upper-cases before looking it up.
-UPPERCASE_KEYS = frozenset({'speculative_algorithm'})
-
-# What to tell the operator when a setting has no flag in the installed build.
-MISSING_HINTS = {
-    'speculative_ddtree_budget': 'install a DDTree build (sglang_install_source: git)',
-    'speculative_draft_window_size': 'install SGLang with DFLASH support (0.5.11 or later)',
-}
-
-# Flags whose value is a secret: they may only come from secret_env, never as a plain value.
-SECRET_KEYS = frozenset({'api_key', 'admin_api_key', 'hf_token', 'ssl_keyfile_password'})
-
-_DEST_TO_CANONICAL = {
-    dest: key for key, dests in ACCEPTED_DESTS.items() for dest in dests
-}
-
-
-def accepted_dests(key):
-    """Dests that can carry canonical setting ``key``, preferred first."""
-    return ACCEPTED_DESTS.get(key, (key,))
-
-
-def canonical_key(dest):
-    """Canonical key of a parser dest (the dest itself when it has no alias)."""
-    return _DEST_TO_CANONICAL.get(dest, dest)
-
-
-def flag_spelling(dest):
-    """The conventional flag of a dest (``a_b`` -> ``--a-b``), for messages."""
-    return '--' + dest.replace('_', '-')
+from ansible.module_utils.sglang_options import (  # noqa: E402
+    ACCEPTED_DESTS,
+    MISSING_HINTS,
+    SECRET_KEYS,
+    WINDOW_KEY,
+    accepted_dests,
+    canonical_key,
+    env_knob_sources,
+    flag_spelling,
+    plan_settings,
+    window_support,
+)
+from ansible.module_utils.sglang_options import (
+    CASE_INSENSITIVE_KEYS as UPPERCASE_KEYS,
+)
 
 
 def _version(capabilities):
@@ -446,82 +396,36 @@ def _add_extra(position, item, capabilities, index, used_dests, argv, managed):
     managed[key] = _typed(value if isinstance(value, (list, tuple)) else tokens[0], action)
 
 
-def flag_to_key(argv, capabilities):
-    """Parse an SGLang argv (no launcher) into {canonical key: value}.
+def flag_dests(capabilities):
+    """{flag: dest} of every option string the installed parser knows (for reading a cmdline)."""
+    return {flag: dest for flag, (dest, _action) in flag_index(capabilities).items()}
 
-    Understands ``--flag value``, ``--flag=value``, switches (``--no-x`` of a
-    BooleanOptionalAction gives False), multi-value options and argparse's unique-prefix
-    abbreviations. int/float options are converted. Raises ValueError on an unknown or
-    ambiguous flag or on a missing value.
+
+def build_command(settings, capabilities, profile, extra_args=None, secret_env=None, environment=None):
+    """Settings + the installed parser + the build profile -> what the unit and env file need.
+
+    Returns ``{'argv', 'managed', 'env', 'env_managed', 'require_window'}``: ``env`` holds the knobs the
+    build reads from the environment (``{VAR: value}``), ``env_managed`` maps their canonical keys to
+    the variable. Raises ValueError naming the setting (the build's refusals first).
     """
-    index = flag_index(capabilities)
-    longs = sorted(f for f in index if f.startswith('--'))
-    result = {}
-    i = 0
-    argv = [str(a) for a in argv]
-    while i < len(argv):
-        token = argv[i]
-        i += 1
-        if not token.startswith('-') or token == '-':
-            raise ValueError(f'argv: unexpected positional {token!r}')
-        flag, eq, inline = token.partition('=')
-        entry = index.get(flag)
-        if entry is None and flag.startswith('--'):
-            matches = [f for f in longs if f.startswith(flag)]
-            if len(matches) == 1:
-                flag = matches[0]
-                entry = index[flag]
-            elif len(matches) > 1:
-                raise ValueError('argv: {} is ambiguous ({})'.format(flag, ', '.join(matches[:5])))
-        if entry is None:
-            raise ValueError(f'argv: unknown flag {flag}')
-        dest, action = entry
-        key = canonical_key(dest)
-        if not action.get('takes_value', True):
-            if eq:
-                raise ValueError(f'argv: {flag} takes no value')
-            if flag in (action.get('negative_flags') or ()) or action.get('action') == '_StoreFalseAction':
-                result[key] = False
-            elif action.get('action') in ('_StoreConstAction', 'DeprecatedStoreConstAction'):
-                result[key] = action.get('const')
-            else:
-                result[key] = True
-            continue
-        nargs = action.get('nargs')
-        if eq:
-            values = [inline]
-        elif nargs in ('+', '*') or (isinstance(nargs, int) and nargs > 1):
-            values = []
-            limit = nargs if isinstance(nargs, int) else None
-            while (i < len(argv) and _is_value_token(argv[i], index)
-                   and (limit is None or len(values) < limit)):
-                values.append(argv[i])
-                i += 1
-            if nargs == '+' and not values or (limit is not None and len(values) != limit):
-                raise ValueError(f'argv: {flag} needs a value')
-        elif nargs == '?':
-            values = []
-            if i < len(argv) and _is_value_token(argv[i], index):
-                values.append(argv[i])
-                i += 1
-        else:
-            if i >= len(argv) or not _is_value_token(argv[i], index):
-                raise ValueError(f'argv: {flag} needs a value')
-            values = [argv[i]]
-            i += 1
-        typed = [_typed(v, action) for v in values]
-        multi = nargs in ('+', '*') or (isinstance(nargs, int) and nargs > 1)
-        value = action.get('const') if nargs == '?' and not typed else typed if multi else typed[0]
-        if action.get('action') == '_AppendAction':
-            result.setdefault(key, []).append(value)
-        else:
-            result[key] = value
-    return result
-
-
-def _is_value_token(token, index):
-    if not token.startswith('-') or token == '-':
-        return True
-    if _looks_numeric(token):
-        return True
-    return token.partition('=')[0] not in index and not token.startswith('--')
+    flags, env, errors = plan_settings(settings, profile, environment)
+    if errors:
+        raise ValueError('; '.join(errors))
+    options = _options(capabilities)
+    missing = [d for d in profile.get('dests', []) if not any(a in options for a in accepted_dests(d))]
+    if missing:
+        raise ValueError(
+            "sglang_build_profile: {} ({}) expects the option(s) {}, which {} does not have; "
+            "select the profile of the installed build".format(
+                profile['name'], profile.get('source') or profile.get('description'),
+                ', '.join(flag_spelling(d) for d in missing), _version(capabilities)))
+    argv, managed = build_argv(flags, capabilities, extra_args, secret_env)
+    algo = managed.get('speculative_algorithm')
+    env_managed = {key: var for key, var in env_knob_sources(profile, algo).items() if var in env}
+    return {
+        'argv': argv,
+        'managed': managed,
+        'env': env,
+        'env_managed': env_managed,
+        'require_window': window_support(algo) == 'honoured' and managed.get(WINDOW_KEY) is not None,
+    }

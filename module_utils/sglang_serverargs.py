@@ -29,60 +29,20 @@ from __future__ import annotations
 import ast
 import re
 
+from ansible.module_utils.sglang_options import (  # noqa: F401 (re-exported for the callers)
+    CASE_INSENSITIVE_KEYS,
+    canonical_key,
+    lookup,
+    parse_draft_runner,
+    read_argv,
+    spellings,
+)
 from ansible.module_utils.sglang_redact import REDACTED, is_secret_key
-
-# canonical key -> other spellings a server may report (renames; DDTree fork spellings).
-# module_utils/sglang_argv.py owns the authoritative table; the integrator dedupes this copy.
-KEY_ALIASES = {
-    'speculative_draft_window_size': ('speculative_dflash_draft_window_size',),
-    'speculative_ddtree_budget': ('tree_budget', 'speculative_dflash_ddtree_budget'),
-}
-
-CASE_INSENSITIVE_KEYS = frozenset({'speculative_algorithm'})
-
-# argparse option strings of SGLang 0.5.23 whose dest is not the flag spelled with ``_``
-# (read from ServerArgs.add_cli_args). Callers can pass the installed parser's own map.
-FLAG_DESTS = {
-    '--model': 'model_path',
-    '--tensor-parallel-size': 'tp_size',
-    '--pipeline-parallel-size': 'pp_size',
-    '--data-parallel-size': 'dp_size',
-    '--expert-parallel-size': 'ep_size',
-    '--ep': 'ep_size',
-    '--speculative-draft-model': 'speculative_draft_model_path',
-    '--nccl-init-addr': 'dist_init_addr',
-    '--enable-hicache': 'enable_hierarchical_cache',
-}
 
 MARKER = 'server_args='
 
-_ALIAS_TO_CANONICAL = {alias: canon for canon, aliases in KEY_ALIASES.items() for alias in aliases}
-
-
 class ServerArgsParseError(ValueError):
     """The text after ``server_args=`` is neither a dict repr nor a ``ServerArgs(...)`` repr."""
-
-
-def canonical_key(key):
-    """The canonical (0.5.23 dest) name of ``key``; unknown keys map to themselves."""
-    return _ALIAS_TO_CANONICAL.get(key, key)
-
-
-def spellings(key):
-    """``key`` first, then every alias of its canonical key."""
-    canon = canonical_key(key)
-    names = [canon] + list(KEY_ALIASES.get(canon, ()))
-    if key not in names:
-        names.insert(0, key)
-    return names
-
-
-def lookup(reported, key):
-    """``(found, value, name_used)`` for canonical ``key`` in ``reported``, alias-aware."""
-    for name in spellings(key):
-        if name in reported:
-            return True, reported[name], name
-    return False, None, None
 
 
 def find_server_args_line(messages):
@@ -236,91 +196,6 @@ def _closing_index(text, open_at):
             depth -= 1
         i += 1
     return None
-
-
-_RUNNER = re.compile(
-    r'Initialized DFLASH draft runner\. attention_backend=(?P<attention_backend>[^,]*), '
-    r'model=(?P<model>[^,]*), block_size=(?P<block_size>[^,]*), '
-    r'draft_window_size=(?P<draft_window_size>[^,]*), compact_cache=(?P<compact_cache>\S*)'
-)
-
-
-def parse_dflash_runner(message):
-    """Fields of SGLang's ``Initialized DFLASH draft runner. ...`` line, or None."""
-    m = _RUNNER.search(message or '')
-    if not m:
-        return None
-    out = {}
-    for key, raw in m.groupdict().items():
-        raw = raw.strip()
-        if raw == 'None':
-            out[key] = None
-        elif raw in ('True', 'False'):
-            out[key] = raw == 'True'
-        elif re.fullmatch(r'-?\d+', raw):
-            out[key] = int(raw)
-        else:
-            out[key] = raw
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# argv
-
-
-def flag_to_key(flag, flag_dests=None):
-    """``--foo-bar`` -> ``('foo_bar', True)``; ``--no-foo`` (BooleanOptionalAction) -> ``('foo', False)``.
-
-    The second item is the value a bare flag stands for. Alias-aware (canonical key returned).
-    """
-    table = dict(FLAG_DESTS)
-    if flag_dests:
-        table.update(flag_dests)
-    if flag in table:
-        return canonical_key(table[flag]), True
-    if flag.startswith('--no-'):
-        # SGLang 0.5.23: every --no-X option is the negative of a BooleanOptionalAction --X
-        positive = '--' + flag[5:]
-        return canonical_key(table.get(positive, flag[5:].replace('-', '_'))), False
-    name = flag[2:].replace('-', '_')
-    return canonical_key(name), True
-
-
-def argv_settings(argv, flag_dests=None):
-    """Settings an argv sets: ``{canonical_key: value}`` (strings as given; bare flag -> bool).
-
-    Everything before the first ``--option`` (launcher, ``serve``) is skipped. ``--k=v`` and
-    ``--k v [v ...]`` are both understood; several values become a list. A later occurrence of
-    the same key wins, as in argparse.
-    """
-    settings = {}
-    i, n = 0, len(argv)
-    while i < n and not str(argv[i]).startswith('--'):
-        i += 1
-    while i < n:
-        arg = str(argv[i])
-        if not arg.startswith('--') or arg == '--':
-            i += 1
-            continue
-        flag, eq, inline = arg.partition('=')
-        key, bare = flag_to_key(flag, flag_dests)
-        if eq:
-            settings[key] = inline
-            i += 1
-            continue
-        values = []
-        j = i + 1
-        while j < n and not str(argv[j]).startswith('--'):
-            values.append(str(argv[j]))
-            j += 1
-        if not values:
-            settings[key] = bare
-        elif len(values) == 1:
-            settings[key] = values[0]
-        else:
-            settings[key] = values
-        i = j
-    return settings
 
 
 # ---------------------------------------------------------------------------------------------

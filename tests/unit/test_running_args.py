@@ -146,12 +146,15 @@ def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
     assert ev['main_pid'] == 98
     assert ev['server_args_form'] == 'dict' and ev['server_args_partial'] is False
     assert ev['runner'] == {
+        'algorithm': 'DFLASH',
         'attention_backend': 'triton',
         'model': 'DFlashDraftModel',
         'block_size': 16,
         'draft_window_size': 2048,
         'compact_cache': True,
     }
+    assert result['read_from']['speculative_draft_window_size'] == [
+        '/server_info', 'journal server_args', '/proc/98/cmdline', 'DFLASH draft runner']
     assert host.auth_seen == [f'Bearer {SENTINEL}']
     journal_cmd = [c for c in host.calls if c[0].endswith('journalctl') and c[1] != '--sync'][0]
     assert journal_cmd[-3:] == ['_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407', '+', '_PID=98']

@@ -100,7 +100,7 @@ def test_compare_is_alias_aware_and_type_tolerant():
     assert not sa.values_equal('trust_remote_code', True, 'yes')
 
 
-def test_argv_settings_reads_flags_like_argparse():
+def test_read_argv_reads_flags_like_argparse():
     argv = [
         '/opt/sglang/venv/bin/sglang',
         'serve',
@@ -118,7 +118,7 @@ def test_argv_settings_reads_flags_like_argparse():
         '--speculative-dflash-draft-window-size',
         '1024',
     ]
-    assert sa.argv_settings(argv) == {
+    assert sa.read_argv(argv) == {
         'model_path': '/m',
         'tp_size': '8',
         'speculative_draft_window_size': '1024',
@@ -126,7 +126,7 @@ def test_argv_settings_reads_flags_like_argparse():
         'enable_tf32_matmul': False,
         'cuda_graph_bs': ['1', '2', '4'],
     }
-    assert sa.argv_settings(['x', '--tp', '8'], flag_dests={'--tp': 'tp_size'}) == {'tp_size': '8'}
+    assert sa.read_argv(['x', '--tp', '8'], flag_dests={'--tp': 'tp_size'}) == {'tp_size': '8'}
 
 
 def test_dflash_runner_line():
@@ -134,14 +134,15 @@ def test_dflash_runner_line():
         '[2026-12-02 16:27:55 TP0] Initialized DFLASH draft runner. attention_backend=triton, '
         'model=DFlashDraftModel, block_size=16, draft_window_size=None, compact_cache=False'
     )
-    assert sa.parse_dflash_runner(line) == {
+    assert sa.parse_draft_runner(line) == {
+        'algorithm': 'DFLASH',
         'attention_backend': 'triton',
         'model': 'DFlashDraftModel',
         'block_size': 16,
         'draft_window_size': None,
         'compact_cache': False,
     }
-    assert sa.parse_dflash_runner('The server is fired up and ready to roll!') is None
+    assert sa.parse_draft_runner('The server is fired up and ready to roll!') is None
 
 
 def test_canonical_key_and_find_line():

@@ -54,7 +54,7 @@ def test_the_role_defaults_pass(settings):
         (
             'sglang_speculative_draft_window_size',
             '2048',
-            'sglang_speculative_draft_window_size="2048" (str): must be an integer from 1 to 16777216 or null'
+            'sglang_speculative_draft_window_size="2048" (str): must be an integer from 1 to 1048576 or null'
             ' (a quoted "2048" is a string: use | int or an unquoted number)',
         ),
         ('sglang_port', 0, 'sglang_port=0 (int): must be an integer from 1 to 65535 (a quoted'),
