@@ -142,6 +142,12 @@ read_from:
   sample: {"speculative_ddtree_budget": ["/server_info", "journal", "cmdline"],
            "SGLANG_DDTREE_MAX_TOPK": ["/proc/1234/environ"],
            "speculative_draft_window_size": ["/server_info", "journal", "cmdline", "DDTREE draft runner"]}
+summary:
+  description: The speculative settings and environment knobs, each with its value and where it was read.
+  returned: always
+  type: dict
+  sample: {"speculative_ddtree_budget": "8 (from /server_info, journal server_args, /proc/1234/cmdline)",
+           "SGLANG_DDTREE_MAX_TOPK": "4 (from /proc/1234/environ)"}
 msg:
   description: Summary; on failure the readable multi-line diff.
   returned: always
@@ -413,6 +419,12 @@ def run(module):
     diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence)
     evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED_MESSAGES)]
     result['read_from'] = read_from(expected, p['expected_env'], reported, runner, result['source'], main_pid)
+    wanted_values = dict(expected, **p['expected_env'])
+    result['summary'] = {
+        key: f"{wanted_values[key]} (from {', '.join(sources) or 'no source'})"
+        for key, sources in sorted(result['read_from'].items())
+        if key.startswith('speculative_') or key in p['expected_env']
+    }
     return result, failures, raw_sources
 
 
