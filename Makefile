@@ -1,4 +1,4 @@
-# Entry points. Interfaces kept stable: demo, test, lab-up, lab-down.
+# Entry points. Interfaces kept stable: demo, test, check, lab-up, lab-down (and lint, unit, integration, molecule).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -6,15 +6,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 LAB_HOSTS ?= 1
 WINDOW ?= 2048
+# Where lab/build-wheelhouse puts the SGLang wheels (~2.9 GiB) and everything reads them from (exported:
+# lab/build-wheelhouse, lab/build-sglang-venv and the tests take it from the environment too). Root uses
+# the shared system cache; any other user gets one in their home, e.g. for `make check` in CI.
+ifeq ($(shell id -u),0)
 WHEELHOUSE ?= /var/cache/sglang-lab/wheelhouse
+else
+WHEELHOUSE ?= $(HOME)/.cache/sglang-lab/wheelhouse
+endif
+export WHEELHOUSE
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv deps wheelhouse sglang-venv lab-up lab-down demo test lint unit lab-server integration molecule bench clean
+.PHONY: help venv deps wheelhouse sglang-venv lab-up lab-down demo check test lint unit suite-ids lab-server \
+	lab-tooling integration molecule bench clean
 
 help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
-	@echo "make test      the whole suite (lint, unit, lab server, lab integration, molecule)"
+	@echo "make check     quick feedback, no lab host, no root (<= 3 min): lint, unit tests (module docs included), suite ids"
+	@echo "make test      the whole suite: check, then lab server, lab tooling, lab integration, molecule (<= 20 min warm)"
 	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts, write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
@@ -65,25 +75,48 @@ lint: venv
 	$(BIN)/actionlint -color=false .github/workflows/*.yml
 	$(BIN)/zizmor --offline --no-progress .github/workflows/
 
+# The parts of `make test`, as pytest arguments. `make suite-ids` checks that every test id of
+# tests/suite-baseline.txt is still collected and that every collected test is selected by one of them.
+UNIT_TESTS := -m "not lab" tests/unit tests/lab
+LAB_SERVER_TESTS := tests/lab_server
+LAB_TOOLING_TESTS := -m lab tests/lab
+INTEGRATION_TESTS := -m lab tests --ignore=tests/lab_server --ignore=tests/lab
+MOLECULE_EXCLUDE := gpu
+# The unit tests are independent: pytest-xdist spreads them over the CPUs (at most 4; none on 1 CPU).
+UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -ge 4 ]; then echo 4; elif [ $$n -ge 2 ]; then echo $$n; else echo 0; fi)
+
+# Unit tests (module docs included: tests/unit/test_module_docs.py) and the lab tooling's tests that
+# need no lab host. No root needed.
 unit: venv sglang-venv
-	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -m "not lab" tests/unit
+	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -n $(UNIT_WORKERS) $(UNIT_TESTS)
+
+suite-ids: venv
+	$(BIN)/python tests/check_suite_ids.py --selection '$(UNIT_TESTS)' --selection '$(LAB_SERVER_TESTS)' \
+	  --selection '$(LAB_TOOLING_TESTS)' --selection '$(INTEGRATION_TESTS)' \
+	  $(addprefix --molecule-exclude ,$(MOLECULE_EXCLUDE))
+
+check: lint unit suite-ids
 
 lab-server: venv sglang-venv
-	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q tests/lab_server
+	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q $(LAB_SERVER_TESTS)
+
+# lab/labctl itself, on two lab hosts of its own (lab240, lab241); root.
+lab-tooling: deps venv
+	$(BIN)/pytest -q $(LAB_TOOLING_TESTS)
 
 # One shared lab host (lab100) carries every integration test that needs SGLang deployed;
-# the tests of the lab tooling, the GPU roles and the weights bring up small hosts of their own.
+# the tests of the GPU roles and the weights bring up small hosts of their own.
 IT_INVENTORY := inventory/lab/it.yml
 integration: deps venv wheelhouse
 	lab/labctl up --hosts 1 --first-index 100 --inventory $(IT_INVENTORY)
 	rc=0; LAB_REUSE_INVENTORY=$(CURDIR)/$(IT_INVENTORY) SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
-	  $(BIN)/pytest -q -m lab tests --ignore=tests/lab_server || rc=$$?; \
+	  $(BIN)/pytest -q $(INTEGRATION_TESTS) || rc=$$?; \
 	  lab/labctl down --inventory $(IT_INVENTORY); exit $$rc
 
 molecule: deps venv wheelhouse
-	cd molecule/.. && $(BIN)/molecule test --all --exclude gpu
+	cd molecule/.. && $(BIN)/molecule test --all $(addprefix --exclude ,$(MOLECULE_EXCLUDE))
 
-test: lint unit lab-server integration molecule
+test: check lab-server lab-tooling integration molecule
 
 bench: deps venv wheelhouse
 	$(BIN)/python bench/deploy_timings.py
