@@ -27,8 +27,10 @@ Standard library only; pytest is run as a subprocess with the interpreter that r
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import functools
+import os
 import re
 import shlex
 import subprocess
@@ -159,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.selection:
         selected: set[str] = set()
         excluded = [["molecule", name] for name in args.molecule_exclude]  # run by hand (real GPU)
-        for selection in args.selection:
-            selected |= pytest_ids(shlex.split(selection))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            for ids_of_part in pool.map(pytest_ids, [shlex.split(sel) for sel in args.selection]):
+                selected |= ids_of_part
         for name, scenario_ids in molecule_ids().items():
             if name not in args.molecule_exclude:
                 selected |= scenario_ids
