@@ -46,7 +46,9 @@ CASE = re.compile(r"""^\s*-\s+name:\s+(["']?)(Case .+?)\1\s*$""")
 def pytest_ids(args: list[str]) -> set[str]:
     """Test ids ``pytest --collect-only -q ARGS`` collects (run from the repository root)."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args]
-    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
+    # Options meant for the test runs (bench/suite_durations.py's --junitxml) are not for collecting.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, env=env)
     # 5: nothing collected (a selection may legitimately select nothing in a directory).
     if proc.returncode not in (0, 5):
         sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-3000:])
