@@ -243,6 +243,27 @@ def check_profile(s, env):
     return OPTIONS.plan_settings(settings, profile, env)[2]
 
 
+def check_points(points, variables):
+    """{point name: reason} of the sweep points the build cannot honour (playbooks/sweep.yml).
+
+    Each point's ``settings`` are laid over ``variables``, the host's own values of what a build
+    profile judges (sglang_build_profile, sglang_build_profiles, the speculative settings,
+    sglang_environment, sglang_extra_args); the reason is every refusal of check_profile, each
+    naming the build and the setting. What the controller cannot judge (a flag the installed
+    parser lacks) is left to the role, on the host, before anything changes.
+    """
+    rejected = {}
+    for point in points:
+        settings = point.get('settings') if isinstance(point, dict) else None
+        s = dict(variables)
+        s.update(settings if isinstance(settings, dict) else {})
+        env = s.get('sglang_environment')
+        errors = check_profile(s, env if isinstance(env, dict) else {})
+        if errors:
+            rejected[str(point.get('name') if isinstance(point, dict) else point)] = ' | '.join(errors)
+    return rejected
+
+
 def check_knobs(knobs):
     """Every knob given (extra vars are strings) is an integer within the ONE set of bounds."""
     errors = [OPTIONS.knob_error(name, value) for name, value in knobs.items()
@@ -424,6 +445,14 @@ class ActionModule(ActionBase):
             errors = check_knobs(args['knobs'] or {})
             result.update(changed=False, failed=bool(errors), errors=errors,
                           msg=' | '.join(errors) if errors else 'all knobs are valid')
+            return result
+        if 'points' in args:  # playbooks/sweep.yml: the points the build cannot honour (never fails)
+            points, variables = args['points'] or [], args.get('variables') or {}
+            if not isinstance(points, list) or not isinstance(variables, dict):
+                raise AnsibleActionFail('sglang_settings_check: points must be a list, variables a mapping')
+            rejected = check_points(points, variables)
+            result.update(changed=False, failed=False, rejected=rejected,
+                          msg=f'{len(rejected)} of {len(points)} points rejected by the build profile')
             return result
         missing = [k for k in ('settings', 'int_settings', 'string_settings') if k not in args]
         if missing:

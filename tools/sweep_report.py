@@ -6,13 +6,18 @@
 Reads what the sweep recorded on the controller: <state-dir>/hosts/<host>/plan.json (the points of
 the current plan) and <state-dir>/hosts/<host>/points/<point-id>.json (one record per host + point:
 the point's settings, the verified InvocationID, the verified running arguments, the workload and
-bench_serving's numbers, or the failure and its reason). Records of points that are no longer in a
-host's plan (changed settings or workload) are listed as stale and left out of the table.
+bench_serving's numbers, or the failure and its reason, or the rejection: a point the host's build
+cannot honour, refused before anything ran). Records of points that are no longer in a host's plan
+(changed settings or workload) are listed as stale and left out of the table.
 
-Writes into DIR: sweep.json (every row + the summary + what each plot shows), sweep.csv,
-sweep.md, output_throughput.png, latency.png. Prints the summary: per host the best verified point
-by output throughput and its lead over the baseline (the host's original configuration). When any
-row comes from a lab host, every output says LAB RUN: the lab server's timings are synthetic.
+Writes into DIR: sweep.json (every row, each with its own InvocationID, + the summary + what each
+plot shows), sweep.csv, sweep.md, output_throughput.png, latency.png, and when the axes include
+`budget` and another axis (DDTree: budget x top-k) throughput_vs_budget.png and
+accept_length_vs_budget.png (one line per value of the other axes). Prints the summary: per host the
+best verified point by output throughput and its lead over the baseline (the host's original
+configuration), and how many points were verified, failed, rejected, pending. Only verified points
+are plotted. When any row comes from a lab host, every output says LAB RUN: the lab server's timings
+are synthetic.
 """
 
 from __future__ import annotations
@@ -73,14 +78,23 @@ def load_rows(state_dir: str) -> tuple[list[dict], list[dict], dict]:
             record = load_json(path)
             records[record["point"]["id"]] = record
         plan_path = os.path.join(host_dir, "plan.json")
+        planned = load_json(plan_path) if os.path.exists(plan_path) else None
         plan = (
-            load_json(plan_path)["points"]
-            if os.path.exists(plan_path)
+            planned["points"]
+            if planned
             else [{"id": pid, "name": r["point"]["name"]} for pid, r in records.items()]
         )
+        # The points the build of the current plan rejects (plans before rejections: unknown).
+        rejected_now = set(planned["rejected"]) if planned and "rejected" in planned else None
         for index, point in enumerate(plan):
             record = records.pop(point["id"], None)
-            rows.append(make_row(host, index, point, record))
+            row = make_row(host, index, point, record)
+            if row["result"] == "rejected" and rejected_now is not None and point["name"] not in rejected_now:
+                # Rejected by an earlier run; the build of this plan honours it: not measured yet.
+                row = dict(make_row(host, index, point, None), reason=(
+                    "not measured yet (rejected by an earlier run: " + first_line(row["reason"]) + ")"
+                ))
+            rows.append(row)
         stale += [
             {"host": host, "point": r["point"]["name"], "id": pid, "result": r.get("result")}
             for pid, r in records.items()
@@ -117,6 +131,7 @@ def make_row(host: str, index: int, point: dict, record: dict | None) -> dict:
         "settings": record["point"].get("settings", {}),
         "axes": record["point"].get("axes", {}),
         "invocation_id": record.get("invocation_id"),
+        "deployed_invocation_id": record.get("deployed_invocation_id"),
         "running_args": record.get("running_args"),
         "resolved_args": record.get("resolved_args"),
         "sglang_version": record.get("sglang_version"),
@@ -168,6 +183,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             "host": host,
             "verified": len(done),
             "failed": sum(r["result"] == "failed" for r in mine),
+            "rejected": sum(r["result"] == "rejected" for r in mine),
             "pending": sum(r["result"] == "pending" for r in mine),
             "best": None,
             "baseline": None,
@@ -196,7 +212,10 @@ def summarise(rows: list[dict]) -> list[dict]:
 def summary_lines(summary: list[dict], lab: bool) -> list[str]:
     lines = [LAB_NOTE] if lab else []
     for s in summary:
-        head = f"{s['host']}: {s['verified']} verified, {s['failed']} failed, {s['pending']} pending."
+        head = (
+            f"{s['host']}: {s['verified']} verified, {s['failed']} failed, {s['rejected']} rejected "
+            f"(the build cannot honour them, not run), {s['pending']} pending."
+        )
         if not s["best"]:
             lines.append(head + " No verified point with numbers.")
             continue
@@ -295,6 +314,16 @@ def write_markdown(
         out += [
             f"- {r['host']} {r['point']}: {first_line(r.get('reason'))}" for r in failed
         ]
+    rejected = [r for r in rows if r["result"] == "rejected"]
+    if rejected:
+        out += [
+            "",
+            "## Rejected points",
+            "",
+            "The host's build cannot honour them: refused before the host was touched, never run.",
+            "",
+        ]
+        out += [f"- {r['host']} {r['point']}: {first_line(r.get('reason'))}" for r in rejected]
     if stale:
         out += ["", "## Stale records (not in the current plan)", ""]
         out += [f"- {s['host']} {s['point']} ({s['id']}): {s['result']}" for s in stale]
@@ -303,7 +332,7 @@ def write_markdown(
         handle.write("\n".join(out))
 
 
-def plot(out_dir: str, rows: list[dict], lab: bool) -> list[dict]:
+def plot(out_dir: str, rows: list[dict], lab: bool, axes: list[str], arg_of: dict) -> list[dict]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -331,6 +360,7 @@ def plot(out_dir: str, rows: list[dict], lab: bool) -> list[dict]:
     plots.append(
         {
             "file": "output_throughput.png",
+            "kind": "bar",
             "title": "Output throughput" + suffix,
             "series": {
                 "output_throughput": [
@@ -360,10 +390,87 @@ def plot(out_dir: str, rows: list[dict], lab: bool) -> list[dict]:
     plots.append(
         {
             "file": "latency.png",
+            "kind": "bar",
             "title": "TTFT and ITL" + suffix,
             "series": {m: [[r["host"], r["point"], r["metrics"].get(m)] for r in done] for m in LATENCY_PLOT},
         }
     )
+    return plots + budget_plots(out_dir, rows, done, axes, arg_of, suffix, plt)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# (file, y: what is plotted, y-axis label, title)
+BUDGET_PLOTS = (
+    ("throughput_vs_budget.png", "output_throughput", "output tok/s", "Output throughput vs DDTree budget"),
+    (
+        "accept_length_vs_budget.png",
+        "accept_length",
+        "avg_spec_accept_length",
+        "Acceptance length vs DDTree budget",
+    ),
+)
+
+
+def budget_plots(
+    out_dir: str, rows: list[dict], done: list[dict], axes: list[str], arg_of: dict, suffix: str, plt
+) -> list[dict]:
+    """When the axes are `budget` and others: y vs budget, one line per value of the other axes that vary
+    (e.g. one line per top-k). Matrix points only (the baseline and sweep_points have no budget axis)."""
+    if "budget" not in axes or len(axes) < 2:
+        return []
+    others = [a for a in axes if a != "budget"]
+    varying = [a for a in others if len({json.dumps(r["axes"].get(a)) for r in rows if r["axes"]}) > 1]
+    by = varying or others[:1]
+    hosts = len({r["host"] for r in rows}) > 1
+    plots = []
+    for file, metric, ylabel, title in BUDGET_PLOTS:
+        lines: dict[tuple, list] = {}
+        for r in done:
+            if "budget" not in r["axes"]:
+                continue
+            values = point_values(r, axes, arg_of)
+            y = r["metrics"].get(metric) if metric in r["metrics"] else r.get(metric)
+            if not is_number(values["budget"]) or not is_number(y):
+                continue
+            key = ((r["host"],) if hosts else ()) + tuple(
+                (0, values[a], "") if is_number(values[a]) else (1, 0, str(values[a])) for a in by
+            )
+            label = (f"{r['host']} " if hosts else "") + ", ".join(f"{a}={values[a]}" for a in by)
+            lines.setdefault(key, [label, []])[1].append([r["host"], r["point"], values["budget"], y])
+        ordered = {label: sorted(points, key=lambda p: p[2]) for _, (label, points) in sorted(lines.items())}
+        fig, ax = plt.subplots(figsize=(7.0, 4.5))
+        budgets = sorted({p[2] for points in ordered.values() for p in points})
+        for label, points in ordered.items():
+            ax.plot([p[2] for p in points], [p[3] for p in points], marker="o", label=label)
+        if budgets and all(b > 0 for b in budgets):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [fmt(b) for b in budgets])
+            ax.minorticks_off()
+        if not ordered:
+            ax.text(0.5, 0.5, "no verified point", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("budget (speculative_ddtree_budget)")
+        ax.set_ylabel(ylabel)
+        if ordered:
+            ax.legend(fontsize=8, title=", ".join(by), title_fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_title(title + suffix, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, file), dpi=100)
+        plt.close(fig)
+        plots.append(
+            {
+                "file": file,
+                "kind": "line",
+                "title": title + suffix,
+                "x": "budget",
+                "y": metric,
+                "lines_by": by,
+                "lines": ordered,
+            }
+        )
     return plots
 
 
@@ -377,6 +484,16 @@ def arg_names(state_dir: str, rows: list[dict]) -> dict:
     return out
 
 
+def plan_axis_order(state_dir: str) -> list[str]:
+    """Axis names in the order of the plans (the point files store axes with sorted keys)."""
+    out: list[str] = []
+    for path in sorted(glob.glob(os.path.join(state_dir, "hosts", "*", "plan.json"))):
+        for axis in load_json(path).get("axes", []):
+            if axis.get("name") and axis["name"] not in out:
+                out.append(axis["name"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", required=True, help="sweep_state_dir of the sweep")
@@ -386,12 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     rows, stale, states = load_rows(args.state_dir)
     lab = any(r.get("lab_run") for r in rows) or any(s.get("lab_run") for s in states.values())
     arg_of = arg_names(args.state_dir, rows)
-    # The plan's axis order (the point files store axes with sorted keys).
-    axes = sorted(axis_names(rows), key=lambda n: list(arg_of).index(n) if n in arg_of else len(arg_of))
+    order = plan_axis_order(args.state_dir)
+    axes = sorted(axis_names(rows), key=lambda n: order.index(n) if n in order else len(order))
     summary = summarise(rows)
     lines = summary_lines(summary, lab)
     os.makedirs(out_dir, exist_ok=True)
-    plots = plot(out_dir, rows, lab)
+    plots = plot(out_dir, rows, lab, axes, arg_of)
     write_csv(os.path.join(out_dir, "sweep.csv"), rows, axes, arg_of)
     write_markdown(os.path.join(out_dir, "sweep.md"), rows, axes, arg_of, lines, plots, stale, lab)
     report = {

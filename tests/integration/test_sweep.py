@@ -1,7 +1,10 @@
 """playbooks/sweep.yml on one lab host: a 2x2 sweep (draft window x draft tokens, what SGLang 0.5.23
-accepts for DFLASH), a baseline, a point forced to crash, a real interruption (the ansible-playbook
-process group is SIGKILLed after the first matrix point) and a resumed run, the original configuration
-back at the end, and the report (table, CSV, plots) checked against its JSON and the recorded points.
+accepts for DFLASH), a baseline, a point forced to crash, a point the build cannot honour (top-k 2:
+0.5.23 forces top-k 1 for DFLASH; rejected up front, never deployed), a real interruption (the
+ansible-playbook process group is SIGKILLed after the first matrix point) and a resumed run, the original
+configuration back at the end, and the report (table, CSV, plots) checked against its JSON and the
+recorded points. The seed's DDTree sweep (the playbook's example) is planned controller-only in
+tests/unit/test_sweep_points.py.
 
 Host: LAB_REUSE_INVENTORY=<inventory/lab/...yml> reuses a running, deployed host; otherwise
 `lab/labctl up --first-index $LAB_SWEEP_INDEX` (default 110) starts one for this module and stops it.
@@ -38,6 +41,8 @@ CRASH = {
         "sglang_environment": {"SGLANG_LAB_CRASH_AFTER": "1"},
     },
 }
+# SGLang 0.5.23 (profile upstream) forces top-k 1 with DFLASH: rejected before the host is touched.
+REJECTED = {"name": "topk-2", "settings": {"sglang_speculative_topk": 2}}
 
 
 def env() -> dict:
@@ -126,7 +131,7 @@ def sweep(host, tmp_path_factory):
         "sweep_name": "lab-test",
         "sweep_state_dir": str(state),
         "sweep_bench": BENCH,
-        "sweep_points": [CRASH],
+        "sweep_points": [CRASH, REJECTED],
         "sweep_axes": [
             {
                 "name": "window",
@@ -205,7 +210,7 @@ def matrix_names() -> list[str]:
 
 def test_four_verified_points_with_distinct_invocations(sweep):
     records = sweep["records"]
-    assert set(records) == {"baseline", "crash", *matrix_names()}
+    assert set(records) == {"baseline", "crash", "topk-2", *matrix_names()}
     ids = []
     for name in matrix_names():
         r = records[name]
@@ -244,6 +249,28 @@ def test_crashing_point_is_recorded_as_failed_and_the_sweep_went_on(sweep):
     assert "crash on" in sweep["log2"] and "recorded as failed; the sweep goes on" in sweep["log2"]
 
 
+def test_point_the_build_cannot_honour_is_rejected_up_front(host, sweep):
+    rejected = sweep["records"]["topk-2"]
+    assert rejected["result"] == "rejected"
+    assert rejected["reason"].startswith("sglang_speculative_topk=2: sglang_build_profile upstream ")
+    assert "forces speculative_eagle_topk to 1 with speculative_algorithm DFLASH" in rejected["reason"]
+    assert "invocation_id" not in rejected and "metrics" not in rejected and rejected["started"] is None
+    # Written by run 1 before its first point, kept as it was by run 2 (same reason: not rewritten).
+    name = next(n for n in sweep["after_kill"] if n.startswith("topk-2-"))
+    assert json.loads(sweep["after_kill"][name])["result"] == "rejected"
+    assert re.search(
+        r"1 rejected by the build \(sglang_build_profile upstream\) - it cannot honour them, "
+        r"they are never run: topk-2; why: sglang_speculative_topk=2",
+        sweep["log2"],
+    )
+    assert "point topk-2 on " not in sweep["log2"]  # never deployed, never failed
+    # The host never ran it: no deploy in its history asked for top-k 2.
+    history = [json.loads(line) for line in host.ssh("cat /var/lib/sglang-deploy/history.jsonl").splitlines()]
+    assert history and all(
+        str((h.get("args") or {}).get("speculative_eagle_topk")) != "2" for h in history
+    ), "a deploy with top-k 2 reached the host"
+
+
 def test_interrupted_sweep_resumes_without_redoing_points(sweep):
     kept = sweep["after_kill"]
     assert any(name.startswith("baseline-") for name in kept)
@@ -256,7 +283,7 @@ def test_interrupted_sweep_resumes_without_redoing_points(sweep):
     later = {
         r["run_id"]
         for n, r in sweep["records"].items()
-        if n not in ("baseline", "window=1024,draft_tokens=8")
+        if n not in ("baseline", "window=1024,draft_tokens=8", "topk-2")
     }
     assert later and run1 not in later
     assert re.search(r"2 recorded by earlier runs \(baseline, window=1024,draft_tokens=8\)", sweep["log2"])
@@ -275,7 +302,7 @@ def test_original_configuration_is_back_and_verified(sweep):
     assert final["invocation_id"] not in {r.get("invocation_id") for r in sweep["records"].values()}
 
 
-def test_report_matches_the_json(sweep):
+def test_report_matches_the_json(host, sweep):
     report = sweep["report"]
     data = json.loads((report / "sweep.json").read_text())
     assert data["lab_run"] is True and "LAB RUN" in data["note"]
@@ -288,6 +315,7 @@ def test_report_matches_the_json(sweep):
             assert rows[name]["metrics"]["output_throughput"] == record["metrics"]["output_throughput"]
     (summary,) = data["summary"]
     assert summary["verified"] == 5 and summary["failed"] == 1 and summary["pending"] == 0
+    assert summary["rejected"] == 1
     best = max(
         (r for r in data["rows"] if r["result"] == "verified"),
         key=lambda r: r["metrics"]["output_throughput"],
@@ -325,7 +353,11 @@ def test_report_matches_the_json(sweep):
     assert all(r["lab_run"] == "True" for r in csv_rows.values())
     assert float(csv_rows[best["point"]]["output_throughput"]) == best["metrics"]["output_throughput"]
 
+    assert "## Rejected points" in md and f"- {host.name} topk-2: sglang_speculative_topk=2" in md
+    assert rows["topk-2"]["result"] == "rejected" and csv_rows["topk-2"]["result"] == "rejected"
     verified = [r for r in data["rows"] if r["result"] == "verified"]
+    # No budget axis: only the two bar plots (the budget line plots: tests/unit/test_sweep_report.py).
+    assert [p["file"] for p in data["plots"]] == ["output_throughput.png", "latency.png"]
     for plot in data["plots"]:
         png = (report / plot["file"]).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
