@@ -145,6 +145,11 @@ require_window:
       draft runner's proof).
   returned: success
   type: bool
+runner_lines:
+  description: Names of the start-up lines that prove the window and the tree budget on this build.
+  returned: success
+  type: dict
+  sample: {"window": "DFLASH draft runner", "budget": "DDTree worker"}
 flag_dests:
   description:
     - The installed parser's flags whose dest is not the flag spelled with C(_), for reading a cmdline.

@@ -63,6 +63,13 @@ options:
         C(Initialized <ALGORITHM> draft runner) line of this invocation reports the expected window.
     type: bool
     default: false
+  runner_lines:
+    description:
+      - "Which start-up line of the build proves the window (C(window)) and the tree budget (C(budget)),
+        e.g. C({window: DFLASH draft runner, budget: DDTree worker}) (the C(runner_lines) return of
+        M(sglang_argv)). Default C(<ALGORITHM> draft runner) for the window, no budget line."
+    type: dict
+    default: {}
   expected_env:
     description:
       - Environment variable -> intended value, for knobs the build reads from the environment
@@ -164,6 +171,7 @@ from ansible.module_utils.sglang_journal import (  # noqa: E402
     read_invocation,
 )
 from ansible.module_utils.sglang_options import (  # noqa: E402
+    BUDGET_KEY,
     WINDOW_IGNORED_MESSAGES,
     WINDOW_KEY,
     canonical_key,
@@ -218,7 +226,7 @@ def managed_view(data, expected):
     return out
 
 
-def check_window(expected, running_algo, messages, runner, require_window, evidence):
+def check_window(expected, running_algo, messages, runner, require_window, evidence, line_name=None):
     """Diff lines about the draft window; appends softer findings to evidence['warnings']."""
     problems = []
     want = expected.get(WINDOW_KEY)
@@ -247,13 +255,8 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
             f'{WINDOW_KEY}={want} has no effect with speculative_algorithm={algo} '
             '(SGLang honours the window for DFLASH and DDTREE, and EAGLE/EAGLE3 on some draft backends)'
         )
-    if runner is not None and runner.get('algorithm') != algo:
-        problems.append(
-            f"{WINDOW_KEY}: this invocation's draft runner line is {runner.get('algorithm')}'s, "
-            f'but the server runs speculative_algorithm={algo}'
-        )
-    elif runner is not None:
-        name = f"{runner.get('algorithm')} draft runner"
+    if runner is not None:
+        name = runner['runner']
         if not _same_int(runner.get('draft_window_size'), want):
             problems.append(
                 f"{WINDOW_KEY}: expected {want}, {name} reports "
@@ -266,7 +269,7 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
             )
     elif require_window and support == 'honoured':
         problems.append(
-            f'{WINDOW_KEY}: no "Initialized {algo} draft runner" line in this invocation\'s journal; '
+            f'{WINDOW_KEY}: no "Initialized {line_name}" line in this invocation\'s journal; '
             'the window cannot be shown to be in effect (require_window is set)'
         )
     return problems
@@ -346,7 +349,7 @@ def run(module):
         failures.append(str(exc))
 
     # 2. journal of THIS invocation
-    messages_text, runner, journal_args = [], None, None
+    messages_text, runners, journal_args = [], {}, None
     try:
         entries, notes = read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
         evidence['notes'] += notes
@@ -366,8 +369,8 @@ def run(module):
                 accepted.append(text)
             found = parse_draft_runner(text)
             if found is not None:
-                runner = found
-        evidence['runner'] = runner
+                runners[found['runner']] = found
+        evidence['runners'] = runners
         if not accepted:
             failures.append(
                 f'no server_args= line from MainPID {main_pid} in the journal of invocation {wanted} '
@@ -416,9 +419,21 @@ def run(module):
     # window evidence
     algo_source = journal_args if journal_args is not None else reported.get('server_info') or {}
     running_algo = lookup(algo_source, 'speculative_algorithm')[1]
-    diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence)
+    lines = dict({'window': f'{str(running_algo).upper()} draft runner', 'budget': None}, **p['runner_lines'])
+    runner = runners.get(lines['window'] or '')
+    evidence['runner'] = runner
+    diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence,
+                         lines['window'])
+    budget_line = runners.get(lines['budget'] or '')
+    if budget_line is not None and BUDGET_KEY in expected:
+        if _same_int(budget_line.get('tree_budget'), expected[BUDGET_KEY]):
+            evidence['budget_runner'] = budget_line
+        else:
+            diff.append(f"{BUDGET_KEY}: expected {expected[BUDGET_KEY]}, {lines['budget']} reports "
+                        f"tree_budget={budget_line.get('tree_budget')} (journal runner line)")
     evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED_MESSAGES)]
-    result['read_from'] = read_from(expected, p['expected_env'], reported, runner, result['source'], main_pid)
+    result['read_from'] = read_from(expected, p['expected_env'], reported, runner, result['source'], main_pid,
+                                    evidence.get('budget_runner'))
     wanted_values = dict(expected, **p['expected_env'])
     result['summary'] = {
         key: f"{wanted_values[key]} (from {', '.join(sources) or 'no source'})"
@@ -428,7 +443,7 @@ def run(module):
     return result, failures, raw_sources
 
 
-def read_from(expected, expected_env, reported, runner, http_path, main_pid):
+def read_from(expected, expected_env, reported, runner, http_path, main_pid, budget_runner=None):
     """Which sources reported the intended value of each managed key (for the operator's summary)."""
     names = {'server_info': http_path or '/server_info', 'journal': 'journal server_args',
              'cmdline': f'/proc/{main_pid}/cmdline'}
@@ -439,7 +454,9 @@ def read_from(expected, expected_env, reported, runner, http_path, main_pid):
                            for k, v in (reported.get(source) or {}).items())]
     if runner is not None and WINDOW_KEY in expected and _same_int(runner.get('draft_window_size'),
                                                                  expected[WINDOW_KEY]):
-        out[WINDOW_KEY].append(f"{runner.get('algorithm')} draft runner")
+        out[WINDOW_KEY].append(runner['runner'])
+    if budget_runner is not None:
+        out[BUDGET_KEY].append(budget_runner['runner'])
     for name, want in expected_env.items():
         running = (reported.get('environ') or {}).get(name)
         out[name] = [f'/proc/{main_pid}/environ'] if values_equal(name, want, running) else []
@@ -459,6 +476,7 @@ def main():
             secret_values=dict(type='list', elements='str', default=[], no_log=True),
             flag_dests=dict(type='dict'),
             expected_env=dict(type='dict', default={}),
+            runner_lines=dict(type='dict', default={}),
             timeout=dict(type='float', default=10),
         ),
         supports_check_mode=True,

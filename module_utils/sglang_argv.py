@@ -26,6 +26,7 @@ from ansible.module_utils.sglang_options import (  # noqa: E402
     env_knob_sources,
     flag_spelling,
     plan_settings,
+    runner_lines,
     window_support,
 )
 from ansible.module_utils.sglang_options import (
@@ -404,9 +405,10 @@ def flag_dests(capabilities):
 def build_command(settings, capabilities, profile, extra_args=None, secret_env=None, environment=None):
     """Settings + the installed parser + the build profile -> what the unit and env file need.
 
-    Returns ``{'argv', 'managed', 'env', 'env_managed', 'require_window'}``: ``env`` holds the knobs the
-    build reads from the environment (``{VAR: value}``), ``env_managed`` maps their canonical keys to
-    the variable. Raises ValueError naming the setting (the build's refusals first).
+    Returns ``{'argv', 'managed', 'env', 'env_managed', 'require_window', 'runner_lines'}``: ``env``
+    holds the knobs the build reads from the environment (``{VAR: value}``), ``env_managed`` maps their
+    canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
+    and the tree budget. Raises ValueError naming the setting (the build's refusals first).
     """
     flags, env, errors = plan_settings(settings, profile, environment)
     if errors:
@@ -428,4 +430,5 @@ def build_command(settings, capabilities, profile, extra_args=None, secret_env=N
         'env': env,
         'env_managed': env_managed,
         'require_window': window_support(algo) == 'honoured' and managed.get(WINDOW_KEY) is not None,
+        'runner_lines': runner_lines(profile, algo),
     }

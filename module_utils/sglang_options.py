@@ -115,6 +115,7 @@ def flag_spelling(dest):
 # ------------------------------------------------------------------------------ the draft window
 
 WINDOW_KEY = 'speculative_draft_window_size'
+BUDGET_KEY = 'speculative_ddtree_budget'
 # SGLang 0.5.23 srt/arg_groups/fields/spec.py + speculative_hook.py: DFLASH honours the window; DDTREE
 # is DFlash-based (its draft worker is the DFLASH one with tree verify: PR #29907, Rancy-Wang ddtree-v2)
 # and honours it too. EAGLE/EAGLE3 (and MTP/NEXTN, which resolve to EAGLE) only for Llama EAGLE-3
@@ -128,8 +129,6 @@ WINDOW_IGNORED_MESSAGES = (
     '--speculative-draft-window-size has no effect with',
     'Ignoring --speculative-draft-window-size=',
 )
-# Algorithms whose draft worker logs an ``Initialized <ALGO> draft runner`` line.
-RUNNER_ALGORITHMS = frozenset({'DFLASH', 'DDTREE'})
 
 
 def window_support(algorithm):
@@ -146,11 +145,17 @@ def window_support(algorithm):
     return 'unknown'
 
 
-# The draft worker's line, one per start. Format strings (file:line in tests/fixtures/ddtree/SOURCE.md):
-#   DFLASH (0.5.23 dflash_worker_v2.py): "Initialized DFLASH draft runner. attention_backend=%s,
-#     model=%s, block_size=%s, draft_window_size=%s, compact_cache=%s"
-#   DDTREE (DDTree builds): "Initialized DDTREE draft runner ... draft_window_size=%s, compact_cache=%s"
-_RUNNER = re.compile(r'Initialized (?P<algorithm>[A-Z][A-Z0-9_]*) draft runner\b[.:]?(?P<rest>.*)$')
+# The draft workers' start-up lines, one each per start (file:line in tests/fixtures/ddtree/SOURCE.md):
+#   "Initialized DFLASH draft runner. attention_backend=%s, model=%s, block_size=%s,
+#    draft_window_size=%s, compact_cache=%s"  (dflash_worker_v2.py; the DDTree workers of PR #29907
+#    and Rancy-Wang extend that worker and log it too)
+#   "Initialized DDTree worker. block_size=%s, tree_budget=%s, max_tree_nodes=%s"  (PR #29907)
+#   "Initialized DDTREE v2 worker. block_size=%s, tree_budget=%s, ..."  (Rancy-Wang ddtree_worker_v2.py)
+#   "Initialized DDTREE draft runner ... draft_window_size=%s, compact_cache=%s"  (the operator's build)
+_RUNNER = re.compile(
+    r'Initialized (?P<name>(?P<algorithm>[A-Za-z][A-Za-z0-9_]*)(?: v\d+)?) '
+    r'(?P<kind>draft runner|worker)\b[.:]?(?P<rest>.*)$'
+)
 _RUNNER_FIELD = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>[^,\s]*)')
 
 
@@ -166,11 +171,13 @@ def _scalar(raw):
 
 
 def parse_draft_runner(message):
-    """``{'algorithm': 'DFLASH'|'DDTREE'|..., <field>: value, ...}`` of a draft-runner line, or None."""
+    """``{'runner': 'DFLASH draft runner', 'algorithm': 'DFLASH', <field>: value, ...}`` of a draft
+    worker's start-up line (``runner``: its name as logged, ``algorithm``: the first word upper-cased),
+    or None."""
     m = _RUNNER.search(message or '')
     if not m:
         return None
-    out = {'algorithm': m.group('algorithm')}
+    out = {'runner': f"{m.group('name')} {m.group('kind')}", 'algorithm': m.group('algorithm').upper()}
     for field in _RUNNER_FIELD.finditer(m.group('rest')):
         out[field.group('key')] = _scalar(field.group('value'))
     return out
@@ -237,7 +244,8 @@ def knob_error(knob, raw):
 # (a different value is refused before the host is touched)}; ``requires``: algorithm -> {key: value
 # the build refuses to run without}; ``limits``: key -> [min, max] of this build; ``server_args_form``:
 # 'dict' | 'dataclass' (the startup line); ``dests``: canonical keys the parser must have for the
-# profile to apply (checked against the installed parser on the host).
+# profile to apply (checked against the installed parser on the host); ``runner_lines``: algorithm ->
+# {'window': name, 'budget': name} of the start-up lines that prove them (default '<ALGO> draft runner').
 PROFILES = {
     # SGLang releases from PyPI, read from the 0.5.23 wheel (srt/arg_groups/speculative_hook.py):
     # DFLASH forces --speculative-num-steps and --speculative-eagle-topk to 1 (warning), logs the
@@ -279,6 +287,8 @@ PROFILES = {
         'limits': {},
         'server_args_form': 'dataclass',
         'dests': ['speculative_ddtree_budget'],
+        # DDTreeWorker extends DFlashWorkerV2: the window is in ITS "DFLASH draft runner" line.
+        'runner_lines': {'DDTREE': {'window': 'DFLASH draft runner', 'budget': 'DDTree worker'}},
     },
     # Rancy-Wang/sglang ddtree-v2 @ 433c58ed70cd1dabe5a07a83da12f1513cd599ae: --speculative-ddtree-budget
     # (default num_draft_tokens - 1, >= 1); DDTREE forces --speculative-num-steps and
@@ -295,14 +305,19 @@ PROFILES = {
         'limits': {},
         'server_args_form': 'dataclass',
         'dests': ['speculative_ddtree_budget'],
+        'runner_lines': {'DDTREE': {'window': 'DFLASH draft runner', 'budget': 'DDTREE v2 worker'}},
     },
 }
 PROFILE_KEYS = frozenset(
-    {'description', 'source', 'env_knobs', 'forced', 'requires', 'limits', 'server_args_form', 'dests'}
+    {
+        'description', 'source', 'env_knobs', 'forced', 'requires', 'limits', 'server_args_form', 'dests',
+        'runner_lines',
+    }
 )
 _ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 _ALGO = re.compile(r'^[A-Z][A-Z0-9_]{0,31}$')
 _KEY = re.compile(r'^[a-z][a-z0-9_]{0,63}$')
+_LINE_NAME = re.compile(r'^[A-Za-z][A-Za-z0-9_ ]{0,63}$')
 
 
 def _profile_errors(name, profile, where):
@@ -344,6 +359,15 @@ def _profile_errors(name, profile, where):
                     isinstance(value, (int, str, bool)) and '\n' not in str(value)
                 ):
                     errors.append(f'{path}.{key}: must be a number, string or boolean without a newline')
+    lines = profile.get('runner_lines', {})
+    if not isinstance(lines, dict) or not all(
+        isinstance(algo, str) and _ALGO.match(algo) and isinstance(names, dict)
+        and set(names) <= {'window', 'budget'}
+        and all(isinstance(n, str) and _LINE_NAME.match(n) for n in names.values())
+        for algo, names in lines.items()
+    ):
+        errors.append(f"{where}.runner_lines: must map an upper-case algorithm to {{window: <line name>, "
+                      f"budget: <line name>}}, e.g. {{DDTREE: {{window: DFLASH draft runner}}}}")
     limits = profile.get('limits', {})
     if not isinstance(limits, dict):
         errors.append(f'{where}.limits: must be a mapping of setting -> [min, max]')
@@ -401,6 +425,7 @@ def select_profile(name, declared=None):
             ('limits', {}),
             ('server_args_form', 'dict'),
             ('dests', []),
+            ('runner_lines', {}),
         )
     }
     profile['name'] = name
@@ -460,6 +485,14 @@ def plan_settings(settings, profile, environment=None):
                 str(int(value)) if isinstance(value, int) and not isinstance(value, bool) else str(value)
             )
     return settings, env, errors
+
+
+def runner_lines(profile, algorithm):
+    """Which start-up line proves the window and which the tree budget, for ``algorithm`` on this build."""
+    algo = str(algorithm or '').upper()
+    lines = {'window': f'{algo} draft runner' if algo else None, 'budget': None}
+    lines.update(profile.get('runner_lines', {}).get(algo, {}))
+    return lines
 
 
 def env_knob_sources(profile, algorithm):

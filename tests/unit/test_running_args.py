@@ -146,6 +146,7 @@ def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
     assert ev['main_pid'] == 98
     assert ev['server_args_form'] == 'dict' and ev['server_args_partial'] is False
     assert ev['runner'] == {
+        'runner': 'DFLASH draft runner',
         'algorithm': 'DFLASH',
         'attention_backend': 'triton',
         'model': 'DFlashDraftModel',

@@ -135,6 +135,7 @@ def test_dflash_runner_line():
         'model=DFlashDraftModel, block_size=16, draft_window_size=None, compact_cache=False'
     )
     assert sa.parse_draft_runner(line) == {
+        'runner': 'DFLASH draft runner',
         'algorithm': 'DFLASH',
         'attention_backend': 'triton',
         'model': 'DFlashDraftModel',
