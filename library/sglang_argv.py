@@ -145,6 +145,11 @@ require_window:
       draft runner's proof).
   returned: success
   type: bool
+notes:
+  description: What the build profile says about a setting in use (also shown as warnings).
+  returned: success
+  type: list
+  elements: str
 runner_lines:
   description: Names of the start-up lines that prove the window and the tree budget on this build.
   returned: success
@@ -216,6 +221,8 @@ def main():
                               params['environment'])
     except ValueError as exc:
         module.fail_json(msg=str(exc))
+    for note in built['notes']:
+        module.warn(f"{profile['name']}: {note}")
     dests = {flag: dest for flag, dest in flag_dests(capabilities).items()
              if flag.startswith('--') and flag[2:].replace('-', '_') != dest}
     module.exit_json(

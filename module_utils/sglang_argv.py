@@ -410,7 +410,13 @@ def build_command(settings, capabilities, profile, extra_args=None, secret_env=N
     canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
     and the tree budget. Raises ValueError naming the setting (the build's refusals first).
     """
-    flags, env, errors = plan_settings(settings, profile, environment)
+    index = flag_index(capabilities)
+    extra = {}
+    for item in extra_args or []:
+        if isinstance(item, dict) and item.get('arg') in index:
+            dest, action = index[item['arg']]
+            extra[canonical_key(dest)] = _typed(item.get('value', True), action)
+    flags, env, errors = plan_settings(settings, profile, environment, extra)
     if errors:
         raise ValueError('; '.join(errors))
     options = _options(capabilities)
@@ -431,4 +437,9 @@ def build_command(settings, capabilities, profile, extra_args=None, secret_env=N
         'env_managed': env_managed,
         'require_window': window_support(algo) == 'honoured' and managed.get(WINDOW_KEY) is not None,
         'runner_lines': runner_lines(profile, algo),
+        'notes': [
+            f'{key}: {text}'
+            for key, text in sorted(profile.get('notes', {}).get(str(algo or '').upper(), {}).items())
+            if key in env_managed or key in managed
+        ],
     }

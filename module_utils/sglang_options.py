@@ -220,7 +220,7 @@ ROLE_VARIABLE.update(
     {
         'speculative_dflash_block_size': 'sglang_speculative_block_size',
         'speculative_algorithm': 'sglang_speculative_algorithm',
-        'page_size': 'sglang_extra_args (--page-size)',
+        'page_size': 'sglang_extra_args --page-size',
     }
 )
 BOUNDS = {key: (low, high) for key, _var, low, high, *_ in KNOBS.values()}
@@ -289,6 +289,15 @@ PROFILES = {
         'dests': ['speculative_ddtree_budget'],
         # DDTreeWorker extends DFlashWorkerV2: the window is in ITS "DFLASH draft runner" line.
         'runner_lines': {'DDTREE': {'window': 'DFLASH draft runner', 'budget': 'DDTree worker'}},
+        # ddtree_utils.py: width = min(max(budget // (block_size - 1) + 1, 2), vocab, SGLANG_DDTREE_MAX_TOPK)
+        # in full-tree mode only (budget > block_size - 1); a chain otherwise.
+        'notes': {
+            'DDTREE': {
+                'speculative_eagle_topk': 'SGLANG_DDTREE_MAX_TOPK caps the tree width only in full-tree mode '
+                '(budget > block size - 1, e.g. > 15 with the 16-token DFlash block); below that the '
+                'tree is a chain and the cap has no effect'
+            }
+        },
     },
     # Rancy-Wang/sglang ddtree-v2 @ 433c58ed70cd1dabe5a07a83da12f1513cd599ae: --speculative-ddtree-budget
     # (default num_draft_tokens - 1, >= 1); DDTREE forces --speculative-num-steps and
@@ -306,12 +315,29 @@ PROFILES = {
         'server_args_form': 'dataclass',
         'dests': ['speculative_ddtree_budget'],
         'runner_lines': {'DDTREE': {'window': 'DFLASH draft runner', 'budget': 'DDTREE v2 worker'}},
+        # server_args.py: --speculative-ddtree-block-size sets the DDTREE draft block (it wins over
+        # --speculative-dflash-block-size, with a warning): the block-size setting goes there.
+        'dest_for': {'DDTREE': {'speculative_dflash_block_size': 'speculative_ddtree_block_size'}},
+    },
+    # DB-Guo/sglang-ddtree-dev feature/ddtree-dev @ 514ea1f3ec39e006b2556bfed6c0c77c8fa0c531: DDTree is a
+    # switch of DFLASH (--speculative-dflash-enable-ddtree); budget = num_draft_tokens - 1 and no top-k
+    # option (tests/fixtures/ddtree/db-guo-ddtree-dev.rules.json).
+    'ddtree-db-guo': {
+        'description': 'the DB-Guo/sglang-ddtree-dev fork (DDTree as a DFLASH switch)',
+        'source': 'DB-Guo/sglang-ddtree-dev feature/ddtree-dev 514ea1f3ec39e006b2556bfed6c0c77c8fa0c531',
+        'env_knobs': {},
+        'forced': {'DFLASH': {'speculative_num_steps': 1, 'speculative_eagle_topk': 1}},
+        'requires': {},
+        'limits': {},
+        'server_args_form': 'dataclass',
+        'dests': ['speculative_dflash_enable_ddtree'],
+        'adds': {'DFLASH': {'speculative_dflash_enable_ddtree': True}},
     },
 }
 PROFILE_KEYS = frozenset(
     {
         'description', 'source', 'env_knobs', 'forced', 'requires', 'limits', 'server_args_form', 'dests',
-        'runner_lines',
+        'runner_lines', 'notes', 'dest_for', 'adds',
     }
 )
 _ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
@@ -331,7 +357,7 @@ def _profile_errors(name, profile, where):
             f"{where}: unknown key(s) {', '.join(map(str, unknown))} "
             f"(known: {', '.join(sorted(PROFILE_KEYS))})"
         )
-    for field in ('env_knobs', 'forced', 'requires'):
+    for field in ('env_knobs', 'forced', 'requires', 'notes', 'dest_for', 'adds'):
         table = profile.get(field, {})
         if not isinstance(table, dict):
             errors.append(f'{where}.{field}: must be a mapping of algorithm -> mapping')
@@ -355,6 +381,10 @@ def _profile_errors(name, profile, where):
                         f'{path}.{key}: {value!r} is not an environment variable name '
                         '(letters, digits and _, no newline)'
                     )
+                elif field == 'dest_for' and not (isinstance(value, str) and _KEY.match(value)):
+                    errors.append(f'{path}.{key}: {value!r} is not an SGLang dest')
+                elif field == 'notes' and not (isinstance(value, str) and '\n' not in value):
+                    errors.append(f'{path}.{key}: must be one line of text')
                 elif field != 'env_knobs' and not (
                     isinstance(value, (int, str, bool)) and '\n' not in str(value)
                 ):
@@ -426,6 +456,9 @@ def select_profile(name, declared=None):
             ('server_args_form', 'dict'),
             ('dests', []),
             ('runner_lines', {}),
+            ('notes', {}),
+            ('dest_for', {}),
+            ('adds', {}),
         )
     }
     profile['name'] = name
@@ -438,14 +471,16 @@ def _same(a, b):
     return a == b
 
 
-def plan_settings(settings, profile, environment=None):
+def plan_settings(settings, profile, environment=None, extra=None):
     """Split canonical settings into (flag settings, {ENV: value}, errors) for ``profile``.
 
     Refuses, naming the role variable and the build, a value the build forces otherwise, a value
-    outside the build's (or the project's) bounds, a requirement the settings contradict, and an
-    environment knob also set by hand in ``environment``.
+    outside the build's (or the project's) bounds, a requirement the settings (or ``extra``: the
+    values of extra arguments, by canonical key) do not meet, and an environment knob also set by
+    hand in ``environment``.
     """
     settings = {k: v for k, v in (settings or {}).items() if v is not None}
+    given = dict(extra or {}, **settings)
     algo = settings.get('speculative_algorithm')
     algo = str(algo).upper() if algo else None
     build = f"sglang_build_profile {profile['name']} ({profile.get('description') or profile['name']})"
@@ -466,11 +501,14 @@ def plan_settings(settings, profile, environment=None):
                     f'{ROLE_VARIABLE.get(key, key)}={settings[key]}: {build} forces {key} to {forced} '
                     f'with speculative_algorithm {algo}; remove it or set {forced}'
                 )
+        # A requirement is checked on the value as given: a build may check it before its own
+        # default applies (PR #29907 refuses page_size=None), so "not given" does not meet it.
         for key, required in profile.get('requires', {}).get(algo, {}).items():
-            if key in settings and not _same(settings[key], required):
+            if not _same(given.get(key), required):
                 errors.append(
-                    f'{ROLE_VARIABLE.get(key, key)}={settings[key]}: {build} requires {key} {required} '
-                    f'with speculative_algorithm {algo}'
+                    f'{ROLE_VARIABLE.get(key, key)}={given.get(key)}: {build} requires {key} {required} '
+                    f'with speculative_algorithm {algo} (set it explicitly: the build checks it before '
+                    'applying its default)'
                 )
         for key, name in profile.get('env_knobs', {}).get(algo, {}).items():
             if key not in settings:
@@ -484,6 +522,11 @@ def plan_settings(settings, profile, environment=None):
             env[name] = (
                 str(int(value)) if isinstance(value, int) and not isinstance(value, bool) else str(value)
             )
+        for key, dest in profile.get('dest_for', {}).get(algo, {}).items():
+            if key in settings:
+                settings[dest] = settings.pop(key)
+        for key, value in profile.get('adds', {}).get(algo, {}).items():
+            settings.setdefault(key, value)
     return settings, env, errors
 
 

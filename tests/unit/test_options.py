@@ -14,6 +14,7 @@ from ansible.module_utils.sglang_argv import build_command
 
 CAPS_DIR = Path(__file__).resolve().parents[1] / 'fixtures' / 'capabilities'
 DUMPS = {
+    'ddtree-db-guo': 'sglang-ddtree-fork-db-guo.json',
     'upstream': 'sglang-0.5.23.json',
     'dflash-old-window': 'sglang-0.5.11.json',
     'ddtree-pr29907': 'sglang-ddtree-pr29907.json',
@@ -33,8 +34,13 @@ def profile(name, declared=None):
     return found
 
 
+# PR #29907 checks page_size before its default applies: DDTREE needs --page-size 1 given explicitly.
+PAGE1 = [{'arg': '--page-size', 'value': 1}]
+
+
 def command(name, **settings):
-    return build_command(dict(BASE, **settings), CAPS[name], profile(name))
+    extra = PAGE1 if name == 'ddtree-pr29907' and settings.get('speculative_algorithm') == 'DDTREE' else []
+    return build_command(dict(BASE, **settings), CAPS[name], profile(name), extra)
 
 
 @pytest.mark.parametrize('name', sorted(DUMPS))
@@ -125,6 +131,7 @@ def test_an_env_knob_set_by_hand_too_is_refused():
         {'speculative_algorithm': 'DDTREE', 'speculative_eagle_topk': 4},
         profile('ddtree-pr29907'),
         ['SGLANG_DDTREE_MAX_TOPK'],
+        {'page_size': 1},
     )
     assert errors and errors[0].startswith('sglang_environment.SGLANG_DDTREE_MAX_TOPK: set by hand')
 
@@ -246,3 +253,35 @@ def test_read_argv_with_the_installed_parsers_flag_map():
         'x': '1',
         'list': ['a', 'b'],
     }
+
+
+def test_build_specific_flags_are_mapped():
+    # Rancy-Wang: the block size of DDTREE goes to --speculative-ddtree-block-size
+    built = command(
+        'ddtree-rancy-wang',
+        speculative_algorithm='DDTREE',
+        speculative_dflash_block_size=8,
+        speculative_draft_window_size=2048,
+    )
+    assert built['argv'][built['argv'].index('--speculative-ddtree-block-size') + 1] == '8'
+    assert '--speculative-dflash-block-size' not in built['argv']
+    # DB-Guo: DDTree is the DFLASH switch --speculative-dflash-enable-ddtree
+    built = command('ddtree-db-guo', speculative_algorithm='DFLASH')
+    assert '--speculative-dflash-enable-ddtree' in built['argv']
+    assert built['managed']['speculative_dflash_enable_ddtree'] is True
+
+
+def test_pr29907_requires_an_explicit_page_size_and_notes_the_topk_cap():
+    with pytest.raises(ValueError, match=r'sglang_extra_args --page-size=None: .*requires page_size 1'):
+        build_command(
+            dict(BASE, speculative_algorithm='DDTREE'), CAPS['ddtree-pr29907'], profile('ddtree-pr29907')
+        )
+    built = build_command(
+        dict(BASE, speculative_algorithm='DDTREE', speculative_eagle_topk=4),
+        CAPS['ddtree-pr29907'],
+        profile('ddtree-pr29907'),
+        [{'arg': '--page-size', 'value': 1}],
+    )
+    assert built['notes'] and built['notes'][0].startswith(
+        'speculative_eagle_topk: SGLANG_DDTREE_MAX_TOPK caps'
+    )
