@@ -18,7 +18,7 @@ export WHEELHOUSE
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv deps wheelhouse sglang-venv lab-up lab-down demo check test lint unit suite-ids lab-server \
+.PHONY: help venv deps wheelhouse sglang-venv replay lab-up lab-down demo check test lint unit suite-ids lab-server \
 	lab-tooling integration molecule bench clean
 
 help:
@@ -59,7 +59,13 @@ sglang-venv: wheelhouse
 	$(PYTHON) lab/make_checkpoint.py target .lab/models/target >/dev/null
 	$(PYTHON) lab/make_checkpoint.py draft .lab/models/draft >/dev/null
 
-lab-up: deps venv
+# The lab DDTree build (a LAB REPLAY of PR sgl-project/sglang#29907, lab/replay/): a small wheel that
+# inventory/lab/ddtree.yml installs from this directory (seconds; deterministic, rebuilt when changed).
+REPLAY_DIR := /var/cache/sglang-lab/replay
+replay:
+	$(PYTHON) lab/replay/build-wheel ddtree-pr29907 $(REPLAY_DIR)
+
+lab-up: deps venv replay
 	lab/labctl up --hosts $(LAB_HOSTS)
 
 lab-down:
@@ -107,7 +113,7 @@ lab-tooling: deps venv
 # One shared lab host (lab100) carries every integration test that needs SGLang deployed;
 # the tests of the GPU roles and the weights bring up small hosts of their own.
 IT_INVENTORY := inventory/lab/it.yml
-integration: deps venv wheelhouse
+integration: deps venv wheelhouse replay
 	lab/labctl up --hosts 1 --first-index 100 --inventory $(IT_INVENTORY)
 	rc=0; LAB_REUSE_INVENTORY=$(CURDIR)/$(IT_INVENTORY) SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
 	  $(BIN)/pytest -q $(INTEGRATION_TESTS) || rc=$$?; \
