@@ -12,6 +12,16 @@ decision (`sglang.srt.utils.auth.decide_request_auth`), the OpenAI response mode
 Without `--device` the raw record gets device `cuda` before resolution (exactly what `--device cuda`
 sets: what a GPU host resolves to); `launch_command` stays the argv as given.
 
+Parse cache (ParseCache): a successful parse + resolution is stored, keyed by the installed SGLang's
+identity (as module_utils/sglang_venv.py's probe computes it) and every installed distribution, the exact
+argv, the python, this file's sha256 and the environment (all but SGLANG_LAB_* and systemd's per-start
+variables); the entry also pins the files SGLang read (the model's and draft's config.json, ...). A
+restart with the same key and unchanged files replays SGLang's result (resolved args, launch_command,
+version, kv_events) and what it printed meanwhile (its warnings, in order, timestamps of now) without
+importing torch. A failing argv is never stored: it fails through SGLang every time. Directory (0700,
+entries 0600): /var/cache/sglang-lab-server as root, else ~/.cache/sglang-lab-server of the service
+user; a corrupt entry is reported in one line and parsed anew.
+
 Synthetic: load phases (SGLang's log texts, lab numbers; a 94.97 GB GPU), generated text (words; a
 prompt's tokens are its words and punctuation), timings. Deterministic speculative-decoding model:
     D = speculative_num_draft_tokens (else speculative_num_steps + 1), W = draft window,
@@ -29,24 +39,33 @@ key spelled `speculative_dflash_draft_window_size`), SGLANG_LAB_OLD_API=1 (an ol
 /get_server_info and /get_model_info, no deprecation warnings, old window key in the JSON),
 SGLANG_LAB_CRASH_AFTER=<s> (scheduler traceback, exit 1, that many seconds after start),
 SGLANG_LAB_HANG=1 (never opens the port; a stuck shard-load line every 3 s),
-SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process).
+SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process),
+SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory).
 /metrics exists only with --enable-metrics, as in SGLang. SIGTERM: drain, exit 0.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import math
 import os
+import random
 import re
 import signal
 import socket
+import stat
 import sys
+import sysconfig
+import tempfile
 import threading
 import time
 import traceback
+import types
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -135,6 +154,584 @@ def read_config(directory) -> dict:
         return {}
 
 
+# ------------------------------------------------------------------------------------ parse cache
+# SGLang's parse + resolution imports torch (~7-10 s of CPU on a 2-core host). A restart whose key and
+# recorded inputs are unchanged replays the stored result instead (ParseCache).
+PARSE_CACHE_FORMAT = 1
+PARSE_CACHE_ROOT_DIR = "/var/cache/sglang-lab-server"
+PARSE_CACHE_MAX_ENTRIES = 64
+HASH_LIMIT = 64 << 20  # a larger file read during resolution is compared by size, mtime and inode
+# Set anew for every start by systemd or a shell, read by no parser: not part of the key.
+PER_START_ENV = frozenset(("INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MANAGERPID",
+                           "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS",
+                           "LISTEN_FDNAMES", "OLDPWD", "SHLVL", "_"))
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+STREAMS = ("stdout", "stderr")
+STYLES = {"%": logging.PercentStyle, "{": logging.StrFormatStyle, "$": logging.StringTemplateStyle}
+RECORD_FIELDS = ("name", "msg", "levelname", "levelno", "pathname", "filename", "module", "lineno",
+                 "funcName", "exc_text", "stack_info", "threadName", "processName")
+REPLAYABLE_HANDLERS = (logging.StreamHandler, type(logging.lastResort))  # the latter: no handler at all
+# Defaults SGLang draws at random when the argv leaves them unset (serving_hook.py): a replay draws anew.
+RANDOM_DEFAULTS = {"random_seed": lambda: random.randint(0, 1 << 30)}
+THIS_FILE = os.path.abspath(__file__)
+cache_log = logging.getLogger("sglang_lab_server.parse_cache")
+
+
+def one_line(value: object, limit: int = 300) -> str:
+    return " ".join(str(value).split())[:limit]
+
+
+def file_digest(path: str) -> str | None:
+    """sha256 of a regular file (size, mtime and inode above HASH_LIMIT); None: no such regular file."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if st.st_size > HASH_LIMIT:
+            return f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def dir_listing(path: str) -> list[str] | None:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return None
+
+
+def under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root.rstrip(os.sep) or path.startswith(root) for root in roots)
+
+
+def sglang_identity() -> dict | None:
+    """The installed SGLang as module_utils/sglang_venv.py's PROBE_SCRIPT identifies it (this file is
+    deployed alone, without module_utils): the first sys.path entry holding a sglang dist-info, its
+    METADATA version, sha256 over RECORD and direct_url.json. None: no SGLang installed."""
+    found = None
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in sorted(names):
+            if name.startswith("sglang-") and name.endswith(".dist-info"):
+                found = os.path.join(entry, name)
+                break
+        if found:
+            break
+    if found is None:
+        return None
+    version = None
+    try:
+        with open(os.path.join(found, "METADATA"), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Version:"):
+                    version = line.split(":", 1)[1].strip()
+                    break
+                if not line.strip():
+                    break
+    except OSError:
+        return None
+    digest, editable = hashlib.sha256(), False
+    for name in ("RECORD", "direct_url.json"):
+        try:
+            with open(os.path.join(found, name), "rb") as handle:
+                data = handle.read()
+        except OSError:
+            data = b""
+        digest.update(name.encode() + b"\0" + data + b"\0")
+        if name == "direct_url.json" and data:
+            try:
+                editable = bool(json.loads(data).get("dir_info", {}).get("editable"))
+            except (ValueError, AttributeError):
+                editable = True  # unreadable: treat as a tree that may change under the same RECORD
+    return {"version": version, "record_sha256": digest.hexdigest(), "dist_info": found, "editable": editable}
+
+
+def installed_distributions() -> list[list]:
+    """Every distribution (sha256 of its RECORD) and .pth file on sys.path: plugins, torch and
+    transformers take part in parsing too, and installing or upgrading one rewrites its RECORD."""
+    found = []
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(entry or ".", name)
+            if name.endswith((".dist-info", ".egg-info")) and os.path.isdir(path):
+                candidates = (os.path.join(path, f) for f in ("RECORD", "METADATA", "PKG-INFO"))
+                found.append([entry, name, next(filter(None, map(file_digest, candidates)), None)])
+            elif name.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
+                found.append([entry, name, file_digest(path)])
+    return found
+
+
+def host_facts() -> list:
+    """What resolution may size defaults by: kernel, CPUs, memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as handle:
+            memory = next((line.split()[1:2] for line in handle if line.startswith("MemTotal:")), None)
+    except OSError:
+        memory = None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    uname = os.uname()
+    return [uname.sysname, uname.release, uname.machine, os.cpu_count(), affinity, memory]
+
+
+def parse_cache_key(argv: list[str], identity: dict) -> str:
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    environment = sorted((name, value) for name, value in os.environ.items()
+                         if name not in PER_START_ENV and not name.startswith("SGLANG_LAB_"))
+    doc = {"format": PARSE_CACHE_FORMAT, "argv": list(argv),
+           "sglang": [identity["version"], identity["record_sha256"], identity["dist_info"]],
+           "distributions": installed_distributions(), "lab_server": file_digest(THIS_FILE),
+           "python": [sys.executable, sys.version, sys.path, sys.warnoptions, sys.flags.dev_mode,
+                      sys.flags.optimize],
+           "cwd": cwd, "environment": environment, "host": host_facts()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def parse_cache_dir() -> str:
+    """SGLANG_LAB_PARSE_CACHE_DIR; else /var/cache/sglang-lab-server as root; else ~/.cache/sglang-lab-server
+    of the user the server runs as (the unit's User=: its home stays writable under ProtectSystem=strict)."""
+    configured = os.environ.get("SGLANG_LAB_PARSE_CACHE_DIR", "")
+    if configured:
+        return os.path.abspath(configured)
+    if os.geteuid() == 0:
+        return PARSE_CACHE_ROOT_DIR
+    import pwd
+
+    return os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "sglang-lab-server")
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create `path` 0700; refuse one that is not a directory of this user closed to everyone else."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise OSError(f"{path} is owned by uid {st.st_uid}, not {os.geteuid()}")
+    if st.st_mode & 0o077:
+        raise OSError(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700")
+
+
+def installation_roots() -> tuple[str, ...]:
+    """Where reads are covered by the key rather than by content: the python installation and sys.path
+    (the distributions' RECORDs), this file's directory (its sha256), and the kernel's /proc, /sys, /dev."""
+    paths = sysconfig.get_paths()
+    roots = {sys.prefix, sys.exec_prefix, os.path.dirname(THIS_FILE), "/proc", "/sys", "/dev"}
+    roots.update(paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths)
+    roots.update(entry for entry in sys.path if entry and os.path.abspath(entry) != os.sep)  # python311.zip
+    return tuple(os.path.join(os.path.abspath(root), "") for root in roots)
+
+
+def audit_reads(event: str, args: tuple) -> None:
+    """Audit hook: while a ResolutionRecorder records, the files opened for reading and dirs listed."""
+    recorder = ResolutionRecorder.active
+    if recorder is None or event not in ("open", "os.listdir", "os.scandir"):
+        return
+    try:
+        path = "." if args[0] is None else args[0]
+        if isinstance(path, int) or (event == "open" and args[2] & WRITE_FLAGS):
+            return
+        (recorder.opened if event == "open" else recorder.listed)[os.fsdecode(path)] = None
+    except Exception:  # an audit hook must never break the operation it watches
+        pass
+
+
+class TeeStream:
+    """sys.stdout / sys.stderr while SGLang parses: passes everything on, records what is not logging."""
+
+    def __init__(self, recorder: ResolutionRecorder, name: str, real) -> None:
+        self.recorder, self.name, self.real = recorder, name, real
+
+    def write(self, text: str) -> int:
+        self.recorder.on_write(self.name, text)
+        return self.real.write(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+class ResolutionRecorder:
+    """What SGLang emits and reads while it parses and resolves (the cache-miss path), for ParseCache:
+    - its output, in order: log records as records plus the handler's format (a replay renders them with
+      its own time), other writes to sys.stdout/sys.stderr (warnings) as text, and the root logging
+      set-up of configure_logger (logger_configured);
+    - the files it opens for reading and the directories it lists (an audit hook).
+    Output a replay could not reproduce exactly (a file handler, a custom formatter, a logging config
+    file) makes the result uncacheable. Disabled, it changes nothing."""
+
+    active: ResolutionRecorder | None = None  # the one the audit hook reports to
+    hooked = False
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.problem = enabled, None
+        self.drawn: list[str] = []  # RANDOM_DEFAULTS that SGLang drew (the argv left them unset)
+        self.events: list[list] = []
+        self.opened: dict[str, None] = {}
+        self.listed: dict[str, None] = {}
+        self.local = threading.local()
+
+    def __enter__(self) -> ResolutionRecorder:
+        if not self.enabled:
+            return self
+        self.real = {"stdout": sys.stdout, "stderr": sys.stderr}
+        sys.stdout, sys.stderr = TeeStream(self, "stdout", sys.stdout), TeeStream(self, "stderr", sys.stderr)
+        self.orig_handle, recorder = logging.Handler.handle, self
+
+        def handle(handler: logging.Handler, record: logging.LogRecord):
+            recorder.local.depth = getattr(recorder.local, "depth", 0) + 1
+            try:
+                emitted = recorder.orig_handle(handler, record)
+            finally:
+                recorder.local.depth -= 1
+            if emitted:
+                try:
+                    recorder.on_record(handler, record)
+                except Exception as exc:  # recording must never break SGLang's logging
+                    recorder.refuse(f"a log record could not be recorded: {exc!r}")
+            return emitted
+
+        logging.Handler.handle = handle
+        if not ResolutionRecorder.hooked:  # an audit hook cannot be removed: one, idle unless recording
+            sys.addaudithook(audit_reads)
+            ResolutionRecorder.hooked = True
+        ResolutionRecorder.active = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.enabled:
+            return
+        ResolutionRecorder.active = None
+        logging.Handler.handle = self.orig_handle
+        sys.stdout, sys.stderr = self.real["stdout"], self.real["stderr"]
+        loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                          if isinstance(logger, logging.Logger))]
+        for handler in (h for logger in loggers for h in logger.handlers):
+            if type(handler) is logging.StreamHandler and isinstance(handler.stream, TeeStream):
+                handler.setStream(handler.stream.real)  # handlers made meanwhile write straight again
+
+    def refuse(self, reason: str) -> None:
+        self.problem = self.problem or reason
+
+    def stream_of(self, handler: logging.Handler) -> str | None:
+        if type(handler) not in REPLAYABLE_HANDLERS:
+            return None
+        stream = handler.stream
+        if isinstance(stream, TeeStream):
+            return stream.name
+        return next((name for name, real in self.real.items() if stream is real), None)
+
+    def on_write(self, stream: str, text: str) -> None:
+        if ResolutionRecorder.active is not self or getattr(self.local, "depth", 0):
+            return  # recording is over, or a handler writes the record it was given (recorded as such)
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename == logging.__file__:
+                self.refuse("logging output that bypassed Handler.handle")
+                return
+            frame = frame.f_back
+        if self.events and self.events[-1][:2] == ["text", stream]:
+            self.events[-1][2] += str(text)
+        else:
+            self.events.append(["text", stream, str(text)])
+
+    def on_record(self, handler: logging.Handler, record: logging.LogRecord) -> None:
+        stream, formatter = self.stream_of(handler), handler.formatter or logging.Formatter()
+        style = next((name for name, cls in STYLES.items() if type(formatter._style) is cls), None)
+        if stream is None or type(formatter) is not logging.Formatter or style is None:
+            self.refuse(f"a log record went to {handler!r}")
+            return
+        fields = {name: getattr(record, name, None) for name in RECORD_FIELDS}
+        fields["msg"] = record.getMessage()
+        fmt = {"fmt": formatter._fmt, "datefmt": formatter.datefmt, "style": style,
+               "terminator": handler.terminator}
+        self.events.append(["log", stream, fmt, fields])
+
+    def logger_configured(self) -> None:
+        """Right after SGLang's configure_logger: its root set-up, which a replay redoes."""
+        if not self.enabled:
+            return
+        root = logging.getLogger()
+        handler = root.handlers[0] if len(root.handlers) == 1 else None
+        if (handler is None or type(handler) is not logging.StreamHandler
+                or self.stream_of(handler) != "stderr" or type(handler.formatter) is not logging.Formatter
+                or type(handler.formatter._style) is not logging.PercentStyle
+                or handler.filters or root.filters or handler.level != logging.NOTSET):
+            self.refuse("SGLang's logging set-up is not basicConfig on stderr (SGLANG_LOGGING_CONFIG_PATH?)")
+            return
+        if isinstance(handler.stream, TeeStream):
+            handler.setStream(handler.stream.real)
+        self.events.append(["configure", {"level": root.level, "fmt": handler.formatter._fmt,
+                                          "datefmt": handler.formatter.datefmt}])
+
+    def dependencies(self, resolved: dict) -> tuple[list, list]:
+        """The files SGLang read and the directories it listed or resolved to (the model's, the draft's),
+        outside installation_roots(), with their sha256 / listing now."""
+        skip = installation_roots()
+        files = {path: None for path in map(os.path.abspath, self.opened)
+                 if not under(path, skip) and "__pycache__" not in path.split(os.sep)}
+        dirs = {path: None for path in map(os.path.abspath, self.listed) if not under(path, skip)}
+        dirs.update((os.path.abspath(value), None) for value in resolved.values()
+                    if isinstance(value, str) and value and os.path.isdir(value))
+        return ([[path, file_digest(path)] for path in sorted(files)],
+                [[path, dir_listing(path)] for path in sorted(dirs)])
+
+    def entry(self, key: str, resolved: dict, launch_command: object, version: object, kv_events: object):
+        """The document ParseCache stores; None (a debug line says why) when a replay could not be exact."""
+        problem, texts = self.problem, {}
+        for name, value in (("resolved", resolved), ("kv_events", kv_events)):
+            texts[name] = repr(value)
+            try:
+                exact = repr(ast.literal_eval(texts[name])) == texts[name]
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                exact = False
+            if not exact:
+                problem = problem or f"{name} is not made of Python literals"
+        if not isinstance(launch_command, str) or not isinstance(version, str):
+            problem = problem or "launch_command or version is not a string"
+        if problem:
+            cache_log.debug(f"sglang-lab-server: parse cache: result not stored: {problem}")
+            return None
+        files, dirs = self.dependencies(resolved)
+        return {"format": PARSE_CACHE_FORMAT, "key": key, "resolved": texts["resolved"],
+                "kv_events": texts["kv_events"], "launch_command": launch_command, "version": version,
+                "drawn": self.drawn, "events": self.events, "files": files, "dirs": dirs}
+
+
+def valid_event(event: object) -> bool:
+    if not isinstance(event, list) or not event:
+        return False
+    kind, rest = event[0], event[1:]
+    if kind == "configure":
+        cfg = rest[0] if len(rest) == 1 and isinstance(rest[0], dict) else {}
+        return (isinstance(cfg.get("level"), int) and isinstance(cfg.get("fmt"), str)
+                and isinstance(cfg.get("datefmt"), (str, type(None))))
+    if kind == "text":
+        return len(rest) == 2 and rest[0] in STREAMS and isinstance(rest[1], str)
+    if kind == "log" and len(rest) == 3 and rest[0] in STREAMS and isinstance(rest[2], dict):
+        fmt, fields = rest[1], rest[2]
+        return (isinstance(fmt, dict) and isinstance(fmt.get("fmt"), str) and fmt.get("style") in STYLES
+                and isinstance(fmt.get("datefmt"), (str, type(None)))
+                and isinstance(fmt.get("terminator"), str)
+                and isinstance(fields.get("msg"), str) and isinstance(fields.get("levelno"), int))
+    return False
+
+
+def render(fmt: dict, fields: dict) -> str:
+    """A recorded log record as its handler wrote it, with the time of now."""
+    record = logging.makeLogRecord({name: fields.get(name) for name in RECORD_FIELDS})
+    formatter = logging.Formatter(fmt["fmt"], fmt["datefmt"], fmt["style"])
+    return formatter.format(record) + fmt["terminator"]
+
+
+class CachedResolution:
+    """One stored parse + resolve (ParseCache): SGLang's results, its output, the inputs it read."""
+
+    def __init__(self, doc: object, key: str) -> None:
+        if not isinstance(doc, dict) or doc.get("format") != PARSE_CACHE_FORMAT or doc.get("key") != key:
+            raise ValueError("not an entry of this format and key")
+        self.resolved, self.kv_events = ast.literal_eval(doc["resolved"]), ast.literal_eval(doc["kv_events"])
+        self.launch_command, self.version, self.drawn = doc["launch_command"], doc["version"], doc["drawn"]
+        self.events, self.files, self.dirs = doc["events"], doc["files"], doc["dirs"]
+        lists = isinstance(self.files, list) and isinstance(self.dirs, list)
+        pairs = [*self.files, *self.dirs] if lists else [None]
+        if not (isinstance(self.resolved, dict) and "model_path" in self.resolved and "port" in self.resolved
+                and isinstance(self.kv_events, (dict, type(None))) and isinstance(self.launch_command, str)
+                and isinstance(self.version, str) and isinstance(self.events, list)
+                and isinstance(self.drawn, list) and all(name in RANDOM_DEFAULTS for name in self.drawn)
+                and all(map(valid_event, self.events))
+                and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs)):
+            raise ValueError("malformed entry")
+        for event in self.events:  # a format that cannot render fails here, before anything is written
+            if event[0] == "log":
+                render(event[2], event[3])
+
+    def resolution(self) -> dict:
+        """The stored resolved args, with the defaults SGLang draws at random drawn anew, as it would."""
+        return {**self.resolved, **{name: RANDOM_DEFAULTS[name]() for name in self.drawn}}
+
+    def changed_input(self) -> str | None:
+        """The first file or directory SGLang read whose content or listing differs now, if any."""
+        for path, digest in self.files:
+            if file_digest(path) != digest:
+                return path
+        for path, listing in self.dirs:
+            if dir_listing(path) != listing:
+                return path + os.sep
+        return None
+
+    def replay(self) -> None:
+        """What SGLang printed while it parsed and resolved, in order, and its logging set-up."""
+        for event in self.events:
+            if event[0] == "configure":
+                cfg = event[1]
+                logging.basicConfig(level=cfg["level"], format=cfg["fmt"], datefmt=cfg["datefmt"], force=True)
+                continue
+            stream = sys.stdout if event[1] == "stdout" else sys.stderr
+            stream.write(event[2] if event[0] == "text" else render(event[2], event[3]))
+            stream.flush()
+
+
+class CachedServerArgs:
+    """`Lab.server_args` after a cache hit: what the lab server reads of SGLang's ServerArgs once start-up
+    resolution is over (launch_command). Reading more of it later means storing that in the entry too."""
+
+    def __init__(self, launch_command: str) -> None:
+        self.launch_command = launch_command
+
+
+class ParseCache:
+    """SGLang's parse + resolve result, kept so that a restart with the same argv does not import torch.
+
+    Key (sha256; the entry's file name): the installed SGLang's identity (sglang_identity: version + sha256
+    of RECORD and direct_url.json, as module_utils/sglang_venv.py's probe computes it) and every installed
+    distribution's RECORD, the exact argv, the python (executable, version, sys.path, warning options),
+    the working directory, this file's sha256, the whole environment except SGLANG_LAB_* and
+    PER_START_ENV, and kernel/CPUs/memory. The entry also lists every file SGLang read and directory it
+    listed outside the python installation (the model's and draft's config.json, generation_config.json,
+    the model directories) with sha256 / listing: any difference is a miss. Only a resolution that
+    succeeded is stored; a failing argv fails through SGLang every time. An editable SGLang install is
+    never cached (its code changes under the same RECORD).
+    Directory: parse_cache_dir(), 0700, of the user the server runs as (an entry holds the resolved
+    arguments, the API key among them, as the startup line does); entries 0600, written atomically, at
+    most PARSE_CACHE_MAX_ENTRIES (the least recently used go). An entry that cannot be read or parsed is
+    reported in one log line, and the start parses with SGLang (and rewrites it).
+    SGLANG_LAB_PARSE_CACHE=0: no cache. SGLANG_LAB_PARSE_CACHE_DIR: another directory."""
+
+    def __init__(self, directory: str, key: str) -> None:
+        self.directory, self.key = directory, key
+        self.path = os.path.join(directory, key + ".json")
+
+    @classmethod
+    def open(cls, argv: list[str]) -> ParseCache | None:
+        """None: disabled, no (or an editable) SGLang, or a directory it must not use (one log line)."""
+        if os.environ.get("SGLANG_LAB_PARSE_CACHE", "").strip().lower() in ("0", "false", "no", "off"):
+            return None
+        identity = sglang_identity()
+        if identity is None or identity["editable"]:
+            return None
+        try:
+            directory = parse_cache_dir()
+            ensure_private_dir(directory)
+        except (OSError, KeyError) as exc:
+            cache_log.warning(f"sglang-lab-server: parse cache not used: {one_line(exc)}")
+            return None
+        return cls(directory, parse_cache_key(argv, identity))
+
+    def reject(self, reason: str) -> None:
+        cache_log.warning(f"sglang-lab-server: parse cache entry {self.path} ignored ({one_line(reason)}); "
+                          "parsing with SGLang")
+
+    def lookup(self) -> CachedResolution | None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return self.reject(f"unreadable: {exc}")
+        try:
+            cached = CachedResolution(json.loads(raw), self.key)
+        except (ValueError, TypeError, KeyError, IndexError, SyntaxError, MemoryError, RecursionError) as exc:
+            return self.reject(f"corrupt: {type(exc).__name__}: {exc}")
+        changed = cached.changed_input()
+        if changed:
+            cache_log.debug(f"sglang-lab-server: parse cache miss: {changed} changed since {self.path}")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(self.path)  # recently used: pruned last
+        cache_log.debug(f"sglang-lab-server: parse cache hit: {self.path}")
+        return cached
+
+    def store(self, entry: dict) -> None:
+        data = json.dumps(entry, sort_keys=True).encode()
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".entry-", suffix=".tmp", dir=self.directory)  # 0600
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            cache_log.warning(f"sglang-lab-server: parse cache entry {self.path} not written: "
+                              f"{one_line(exc)}")
+            return
+        self.prune()
+
+    def prune(self) -> None:
+        try:
+            with os.scandir(self.directory) as scan:
+                entries = [(e.stat().st_mtime, e.path, e.name) for e in scan
+                           if e.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        now = time.time()
+        stale = [path for mtime, path, name in entries if name.endswith(".tmp") and now - mtime > 3600]
+        kept = sorted((mtime, path) for mtime, path, name in entries if name.endswith(".json"))
+        for path in stale + [path for _, path in kept[:-PARSE_CACHE_MAX_ENTRIES]]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+class LazyPackage(types.ModuleType):
+    """A package whose __init__.py runs only when a name it defines itself is asked for (a submodule is
+    imported without it). After a cache hit, `sglang` and `sglang.srt.utils` (both __init__ import torch)
+    are these, so the lab server's later imports (startup_time, the OpenAI protocol, sse_utils, auth)
+    run only their own modules' code."""
+
+    def __getattr__(self, name: str):
+        for directory in self.__path__:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path + ".py") or os.path.isdir(path):
+                return importlib.import_module(f"{self.__name__}.{name}")
+        spec = self.__dict__.pop("_lab_init_spec", None)
+        if spec is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        spec.loader.exec_module(self)  # the real __init__, into this module: torch comes with it
+        return getattr(self, name)
+
+
+def use_light_sglang_imports() -> None:
+    from importlib.machinery import PathFinder
+    from importlib.util import spec_from_file_location
+
+    spec = PathFinder.find_spec("sglang")
+    if "sglang" in sys.modules or spec is None or not spec.submodule_search_locations:
+        return
+    root = list(spec.submodule_search_locations)[0]
+    for name, directory in (("sglang", root), ("sglang.srt.utils", os.path.join(root, "srt", "utils"))):
+        init = os.path.join(directory, "__init__.py")
+        if not os.path.isfile(init):
+            continue
+        package = LazyPackage(name)
+        package.__spec__ = package._lab_init_spec = spec_from_file_location(
+            name, init, submodule_search_locations=[directory])
+        package.__path__, package.__package__, package.__file__ = [directory], name, init
+        package.__loader__ = package.__spec__.loader
+        sys.modules[name] = package
+    if "sglang.srt.utils" in sys.modules:
+        importlib.import_module("sglang.srt").utils = sys.modules["sglang.srt.utils"]
+
+
 class Lab:
     """One lab server process: resolved args, phase, counters."""
 
@@ -157,6 +754,27 @@ class Lab:
 
     # ------------------------------------------------------------------------------------ start-up
     def parse_and_resolve(self, argv: list[str]) -> None:
+        cache = ParseCache.open(argv)  # None: SGLANG_LAB_PARSE_CACHE=0, or no usable cache (one log line)
+        cached = cache.lookup() if cache else None
+        if cached is not None:  # same key and inputs as a start before: SGLang's result without torch
+            cached.replay()  # SGLang's warnings and its logging set-up, in order, timestamps of now
+            self.server_args, self.version = CachedServerArgs(cached.launch_command), cached.version
+            self.kv_events, d = cached.kv_events, cached.resolution()
+            use_light_sglang_imports()
+        else:
+            with ResolutionRecorder(enabled=cache is not None) as recorder:
+                d = self.resolve_with_sglang(argv, recorder)
+            entry = cache and recorder.entry(cache.key, d, self.server_args.launch_command, self.version,
+                                             self.kv_events)
+            if entry:
+                cache.store(entry)
+        self.resolved = d
+        self.sched, self.spec = scheduler_logger(d), spec_profile(d)
+        self.model_cfg = read_config(d["model_path"])
+        self.context_len = d.get("context_length") or self.model_cfg.get("max_position_embeddings") or 4096
+
+    def resolve_with_sglang(self, argv: list[str], recorder: ResolutionRecorder) -> dict:
+        """SGLang's own parse and resolution (imports torch); sets server_args, version, kv_events."""
         from sglang.srt.server_args import prepare_server_args
 
         try:  # what `sglang serve` does before prepare_server_args: argv normalised, plugins loaded
@@ -176,15 +794,17 @@ class Lab:
         from sglang.version import __version__
 
         configure_logger(server_args)
+        recorder.logger_configured()
+        recorder.drawn = [name for name in RANDOM_DEFAULTS if getattr(server_args, name, 0) is None]
         server_args.resolve_once()  # semantic errors propagate: traceback, exit 1, as `sglang serve`
         server_args.check_server_args()
         resolve_auto_parsers(server_args)
+        from sglang.srt.runtime_context import describe_kv_events_publisher
+
         self.server_args, self.version = server_args, __version__
+        self.kv_events = describe_kv_events_publisher(server_args)  # a function of the resolved args alone
         # = engine._server_args_for_logging(server_args), without importing the whole engine
-        self.resolved = d = redact_watermark_secrets(server_args.resolved_dict())
-        self.sched, self.spec = scheduler_logger(d), spec_profile(d)
-        self.model_cfg = read_config(d["model_path"])
-        self.context_len = d.get("context_length") or self.model_cfg.get("max_position_embeddings") or 4096
+        return redact_watermark_secrets(server_args.resolved_dict())
 
     def log_server_args(self) -> None:
         if self.log_format == "dict":
@@ -332,8 +952,6 @@ class Lab:
     # ----------------------------------------------------------------------------------- endpoints
     def server_info(self) -> dict:
         """Composition of http_server.server_info(): resolved args + scheduler info + live state."""
-        from sglang.srt.runtime_context import describe_kv_events_publisher
-
         d = self.resolved
         state = dict(d, world_size=d.get("tp_size", 1) * d.get("dp_size", 1) * d.get("pp_size", 1),
                      startup_time=self.scheduler_startup, last_gen_throughput=0.0, lab_server=True,
@@ -345,7 +963,7 @@ class Lab:
                     hicache_object_layout={"enabled": False, "backend": None, "page_size": d.get("page_size"),
                                            "hicache_object_layout": {"pools": []},
                                            "reason": "Hierarchical cache is disabled"},
-                    kv_events=describe_kv_events_publisher(self.server_args), startup_time=self.startup_time,
+                    kv_events=self.kv_events, startup_time=self.startup_time,
                     internal_states=[state], version=self.version, frontend="python")
         if self.old_api:  # an older server: the window key's old spelling
             state[OLD_WINDOW_KEY] = state.pop(NEW_WINDOW_KEY, None)

@@ -56,16 +56,20 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 
 class Server:
-    """One lab server process; output goes to a file (a surviving child keeps pipes open)."""
+    """One lab server process; output goes to a file (a surviving child keeps pipes open).
+    Its parse cache is `<tmp>/parse-cache` unless env names another SGLANG_LAB_PARSE_CACHE_DIR."""
 
-    def __init__(self, tmp: Path, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, argv: list[str], env: dict[str, str] | None = None,
+                 python_args: tuple[str, ...] = ()) -> None:
         self.argv, self.log_path = argv, tmp / f"server-{time.monotonic_ns()}.log"
         self.port = int(argv[argv.index("--port") + 1]) if "--port" in argv else None
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_LAB_")}
-        full_env.update({"SGLANG_LAB_LOAD_SECONDS": "0.5", **(env or {})})
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith("SGLANG_LAB_") and k != "PYTEST_CURRENT_TEST"}
+        full_env.update({"SGLANG_LAB_LOAD_SECONDS": "0.5",
+                         "SGLANG_LAB_PARSE_CACHE_DIR": str(tmp / "parse-cache"), **(env or {})})
         with open(self.log_path, "wb") as log:
             self.started = time.monotonic()
-            self.proc = subprocess.Popen([PYTHON, str(SERVER), *argv], stdout=log, stderr=log,
+            self.proc = subprocess.Popen([PYTHON, *python_args, str(SERVER), *argv], stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL, env=full_env)
 
     @property
@@ -133,6 +137,13 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def assert_nothing_cached(tmp: Path) -> None:
+    """A failing parse is never stored: the cache directory was in use (created 0700) and holds nothing."""
+    cache = tmp / "parse-cache"
+    assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o700
+    assert not list(cache.iterdir())
+
+
 # ------------------------------------------------------------------ parse / resolve errors
 def test_old_window_flag_is_an_argparse_error(tmp_path, models):
     argv = dflash_argv(models)
@@ -143,6 +154,7 @@ def test_old_window_flag_is_an_argparse_error(tmp_path, models):
             in server.log)
     assert "usage: sglang serve" in server.log
     assert not port_open(server.port)
+    assert_nothing_cached(tmp_path)
 
 
 def test_window_below_block_size_is_sglangs_value_error(tmp_path, models):
@@ -152,6 +164,7 @@ def test_window_below_block_size_is_sglangs_value_error(tmp_path, models):
     assert ("ValueError: --speculative-draft-window-size must be >= --speculative-num-draft-tokens "
             "(block_size). window_size=8, block_size=16.") in server.log
     assert "server_args=" not in server.log
+    assert_nothing_cached(tmp_path)
 
 
 def test_dflash_without_draft_path_fails_resolution(tmp_path, models):
@@ -159,6 +172,7 @@ def test_dflash_without_draft_path_fails_resolution(tmp_path, models):
                                "--port", str(free_port())])
     assert server.wait_exit() == 1
     assert "DFLASH speculative decoding requires setting --speculative-draft-model-path." in server.log
+    assert_nothing_cached(tmp_path)
 
 
 # ------------------------------------------------------------------ a DFLASH server with an API key

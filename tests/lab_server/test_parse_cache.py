@@ -1,0 +1,418 @@
+"""The lab server's parse cache (lab/sglang_lab_server.py, ParseCache).
+
+A restart with the same argv replays SGLang's parse + resolution without importing torch, and looks
+exactly like the first start; a changed argv, SGLang release, environment or config.json misses; a
+corrupt entry falls back to SGLang's parser with one log line. Failing argvs are never cached
+(test_lab_server.py: assert_nothing_cached). The key and entry tests run in this interpreter (the lab
+server imports only the standard library at the top); the process tests need SGLANG_LAB_PYTHON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_lab_server import PYTHON, REPO, SERVER, Server, dflash_argv, free_port
+
+needs_sglang = pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no SGLang interpreter at {PYTHON}")
+READY = r"The server is fired up and ready to roll!"
+TIMINGS: dict[str, float] = {}
+
+
+def load_module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
+    return module
+
+
+lab = load_module("sglang_lab_server_under_test", SERVER)
+
+
+# ------------------------------------------------------------------ the key (this interpreter)
+@pytest.fixture
+def site(tmp_path, monkeypatch) -> Path:
+    """A sys.path holding one fake SGLang release (and nothing else installed)."""
+    root = tmp_path / "site"
+    info = root / "sglang-0.5.23.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\nlong text\n")
+    (info / "RECORD").write_text("sglang/__init__.py,sha256=abc,10\n")
+    monkeypatch.setattr(sys, "path", [str(root)])
+    for name in list(os.environ):
+        if name.startswith(("SGLANG", "SGL_")):
+            monkeypatch.delenv(name)
+    return root
+
+
+def key(argv: list[str]) -> str:
+    return lab.parse_cache_key(argv, lab.sglang_identity())
+
+
+def test_key_covers_argv_release_python_environment_and_this_file(site, tmp_path, monkeypatch):
+    argv = ["--model-path", "/srv/models/lab-target", "--port", "30000"]
+    base = key(argv)
+    assert key(list(argv)) == base  # deterministic
+    assert key([*argv, "--tp-size", "1"]) != base
+    assert key(["--port", "30000", "--model-path", "/srv/models/lab-target"]) != base  # the exact list
+
+    record = site / "sglang-0.5.23.dist-info" / "RECORD"
+    record.write_text("sglang/__init__.py,sha256=abd,10\n")  # another build of the same version
+    assert key(argv) != base
+    record.write_text("sglang/__init__.py,sha256=abc,10\n")
+    assert key(argv) == base
+    (site / "sglang-0.5.23.dist-info" / "direct_url.json").write_text('{"url": "file:///w/sglang.whl"}')
+    assert key(argv) != base
+    (site / "sglang-0.5.23.dist-info" / "direct_url.json").unlink()
+    plugin = site / "sglang_plugin-1.0.dist-info"  # a plugin changes what the parser accepts
+    plugin.mkdir()
+    (plugin / "RECORD").write_text("x")
+    assert key(argv) != base
+    shutil.rmtree(plugin)
+    assert key(argv) == base
+
+    for name, value in (("SGLANG_USE_MODELSCOPE", "1"), ("SGL_CHUNKED_PREFIX", "1"), ("HF_HOME", "/x"),
+                        ("CUDA_VISIBLE_DEVICES", "1")):
+        monkeypatch.setenv(name, value)
+        assert key(argv) != base, name
+        monkeypatch.delenv(name)
+    for name in ("SGLANG_LAB_HANG", "SGLANG_LAB_PARSE_CACHE_DIR", "INVOCATION_ID", "JOURNAL_STREAM"):
+        monkeypatch.setenv(name, "1")  # fault switches and per-start values do not change the parse
+    assert key(argv) == base
+
+    monkeypatch.setattr(sys, "executable", "/opt/other/venv/bin/python")
+    assert key(argv) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(sys, "path", [str(site)])
+    for name in [n for n in os.environ if n.startswith(("SGLANG", "SGL_"))]:
+        monkeypatch.delenv(name)
+    assert key(argv) == base
+    changed = tmp_path / "sglang_lab_server.py"
+    changed.write_text(SERVER.read_text() + "# another lab server\n")
+    monkeypatch.setattr(lab, "THIS_FILE", str(changed))
+    assert key(argv) != base
+
+
+def test_identity_is_the_deploy_probes_identity():
+    """The lab server computes what module_utils/sglang_venv.py's probe reports for the same python."""
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"no SGLang interpreter at {PYTHON}")
+    probe = load_module("sglang_venv_under_test", REPO / "module_utils" / "sglang_venv.py")
+    out = subprocess.run([PYTHON, "-c", probe.PROBE_SCRIPT], capture_output=True, text=True, check=True,
+                         cwd="/").stdout
+    want = probe.parse_marked(out)
+    script = (f"import json, sys; sys.path.insert(0, {str(SERVER.parent)!r}); import sglang_lab_server as s; "
+              "print(json.dumps(s.sglang_identity()))")
+    got = json.loads(subprocess.run([PYTHON, "-B", "-c", script], capture_output=True, text=True, check=True,
+                                    cwd="/").stdout)
+    assert want["version"] == got["version"] == "0.5.23"
+    assert (got["record_sha256"], got["dist_info"]) == (want["record_sha256"], want["dist_info"])
+    assert got["editable"] is False
+
+
+def test_no_cache_when_disabled_or_editable(site, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
+    assert lab.ParseCache.open(["--port", "1"]) is not None
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE", "0")
+    assert lab.ParseCache.open(["--port", "1"]) is None
+    monkeypatch.delenv("SGLANG_LAB_PARSE_CACHE")
+    (site / "sglang-0.5.23.dist-info" / "direct_url.json").write_text(
+        '{"url": "file:///src/sglang", "dir_info": {"editable": true}}')
+    assert lab.ParseCache.open(["--port", "1"]) is None  # its code changes under the same RECORD
+
+
+def test_directory_others_can_reach_is_not_used(site, tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    cache.chmod(0o755)
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(cache))
+    assert lab.ParseCache.open(["--port", "1"]) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"sglang-lab-server: parse cache not used: {cache} has mode 0755, not 0700"]
+    if os.geteuid() == 0:
+        cache.chmod(0o700)
+        os.chown(cache, 65534, -1)
+        assert lab.ParseCache.open(["--port", "1"]) is None
+        assert "is owned by uid 65534" in caplog.records[-1].getMessage()
+
+
+def test_default_directory_is_root_only_or_the_service_users_home(monkeypatch):
+    monkeypatch.delenv("SGLANG_LAB_PARSE_CACHE_DIR", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert lab.parse_cache_dir() == "/var/cache/sglang-lab-server"
+    import pwd
+
+    monkeypatch.setattr(os, "geteuid", lambda: 999)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: type("pw", (), {"pw_dir": "/var/lib/sglang"})())
+    assert lab.parse_cache_dir() == "/var/lib/sglang/.cache/sglang-lab-server"
+
+
+# ------------------------------------------------------------------ record, store, replay (a subprocess)
+RECORD_AND_REPLAY = r'''
+import json, logging, sys, warnings
+sys.path.insert(0, sys.argv[1])
+import sglang_lab_server as lab
+
+def after():
+    logging.getLogger("lab").warning("after resolution")
+
+def setup():
+    logging.basicConfig(level=logging.INFO, format=lab.LOG_FORMAT, datefmt=lab.DATE_FORMAT, force=True)
+
+setup()
+with lab.ResolutionRecorder(enabled=True) as recorder:
+    logging.getLogger("sglang.a").info("before %s", "configure_logger")
+    warnings.warn("an import-time UserWarning")
+    logging.basicConfig(level=logging.WARNING, format="<%(levelname)s %(name)s:%(lineno)d> %(message)s",
+                        force=True)  # what configure_logger does
+    recorder.logger_configured()
+    logging.getLogger("sglang.b").info("dropped: below WARNING")
+    logging.getLogger("sglang.b").warning("Max running requests is reset to 48 for speculative decoding.")
+    print("printed", "to stdout")
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        logging.getLogger("sglang.c").exception("with a traceback")
+    open(sys.argv[2]).read()
+entry = recorder.entry("k", {"model_path": sys.argv[3], "port": 1}, "cmd", "0.5.23", None)
+assert entry, recorder.problem
+assert [path for path, _ in entry["files"]] == [sys.argv[2]], entry["files"]
+assert [path for path, _ in entry["dirs"]] == [sys.argv[3]], entry["dirs"]
+after()
+sys.stdout.flush()
+print("=====", file=sys.stderr, flush=True)
+print("=====", flush=True)
+setup()
+cached = lab.CachedResolution(json.loads(json.dumps(entry)), "k")
+assert cached.changed_input() is None
+cached.replay()
+after()
+'''
+
+
+def test_replay_prints_what_the_parse_printed(tmp_path):
+    config = tmp_path / "model" / "config.json"
+    config.parent.mkdir()
+    config.write_text("{}")
+    out = subprocess.run([sys.executable, "-B", "-c", RECORD_AND_REPLAY, str(SERVER.parent), str(config),
+                          str(config.parent)], capture_output=True, text=True, check=True)
+
+    def same_time(text: str) -> str:
+        return re.sub(r"^\[[\d :-]+\]", "[T]", text, flags=re.M)
+
+    first, replayed = same_time(out.stderr).split("=====\n")
+    assert first == replayed
+    assert first.startswith("[T] before configure_logger\n") and "UserWarning: an import-time" in first
+    assert "<WARNING sglang.b:" in first and "dropped" not in first
+    assert "ZeroDivisionError: division by zero" in first
+    assert re.search(r"<WARNING lab:\d+> after resolution\n$", first)  # SGLang's logging set-up stays
+    assert out.stdout == "printed to stdout\n=====\nprinted to stdout\n"
+
+
+def test_corrupt_or_unreadable_entry_is_ignored_with_one_line(site, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
+    cache = lab.ParseCache.open(["--port", "1"])
+    entry = {"format": 1, "key": cache.key, "resolved": repr({"model_path": "/m", "port": 1}),
+             "kv_events": "None", "launch_command": "--port 1", "version": "0.5.23", "drawn": [],
+             "events": [], "files": [], "dirs": []}
+    cache.store(entry)
+    assert (os.stat(cache.path).st_mode & 0o777) == 0o600
+    assert [p.name for p in Path(cache.directory).iterdir()] == [Path(cache.path).name]  # no temp file left
+    assert cache.lookup().resolution() == {"model_path": "/m", "port": 1}
+    cache.store({**entry, "resolved": repr({"model_path": "/m", "random_seed": 7, "port": 1}),
+                 "drawn": ["random_seed"]})
+    seeds = {cache.lookup().resolution()["random_seed"] for _ in range(3)}  # drawn anew, as SGLang does
+    assert len(seeds) > 1 and all(0 <= seed <= 1 << 30 for seed in seeds)
+    assert list(cache.lookup().resolution()) == ["model_path", "random_seed", "port"]
+    for bad in (b"{not json", json.dumps({**entry, "resolved": "{'port': float('nan')}"}).encode(),
+                json.dumps({**entry, "key": "0" * 64}).encode(),
+                json.dumps({**entry, "events": [["log", "stderr", {"fmt": "%(nosuchfield)s", "style": "%",
+                                                 "datefmt": None, "terminator": "\n"},
+                                                 {"msg": "m", "levelno": 20}]]}).encode()):
+        caplog.clear()
+        Path(cache.path).write_bytes(bad)
+        assert cache.lookup() is None
+        assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+        message = caplog.records[0].getMessage()
+        assert message.startswith(f"sglang-lab-server: parse cache entry {cache.path} ignored (corrupt: ")
+        assert "\n" not in message
+    os.unlink(cache.path)
+    os.mkdir(cache.path)  # cannot be read as a file
+    caplog.clear()
+    assert cache.lookup() is None
+    assert "ignored (unreadable: " in caplog.records[0].getMessage()
+
+
+def test_changed_file_misses_and_the_directory_stays_bounded(site, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text('{"max_position_embeddings": 4096}')
+    cache = lab.ParseCache.open(["--port", "1"])
+    cache.store({"format": 1, "key": cache.key, "resolved": repr({"model_path": "/m", "port": 1}),
+                 "kv_events": "None", "launch_command": "", "version": "0.5.23", "drawn": [], "events": [],
+                 "files": [[str(config), lab.file_digest(str(config))]], "dirs": [[str(tmp_path), None]]})
+    assert cache.lookup() is None  # tmp_path is a directory now: its listing was "none"
+    cache.store({**json.loads(Path(cache.path).read_text()), "dirs": []})
+    assert cache.lookup() is not None
+    config.write_text('{"max_position_embeddings": 8192}')
+    assert cache.lookup() is None
+    for n in range(lab.PARSE_CACHE_MAX_ENTRIES + 5):
+        lab.ParseCache(cache.directory, f"{n:064x}").store({"format": 1})
+    assert len(list(Path(cache.directory).glob("*.json"))) == lab.PARSE_CACHE_MAX_ENTRIES
+
+
+# ------------------------------------------------------------------ the lab server, started twice
+def libtorch_mapped(server: Server) -> bool:
+    return "libtorch" in Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+
+def normalized(log: str) -> str:
+    """The log without what differs between two identical starts: times, pids, client ports, and the
+    random_seed SGLang draws when the argv has none."""
+    log = "\n".join(line for line in log.splitlines() if not line.startswith("import time:"))
+    log = re.sub(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\]", "[T]", log, flags=re.M)
+    log = re.sub(r"server process \[\d+\]", "server process [PID]", log)
+    log = re.sub(r"'random_seed': \d+", "'random_seed': SEED", log)
+    return re.sub(r"127\.0\.0\.1:\d+ - ", "127.0.0.1:PORT - ", log)
+
+
+def without_timings(info: dict) -> dict:
+    info = {k: v for k, v in info.items() if k not in ("startup_time", "random_seed")}
+    info["internal_states"] = [{k: v for k, v in state.items() if k not in ("startup_time", "random_seed")}
+                               for state in info["internal_states"]]
+    return info
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cache-models")
+    for kind in ("target", "draft"):
+        subprocess.run([sys.executable, str(REPO / "lab" / "make_checkpoint.py"), kind, str(root / kind)],
+                       check=True, capture_output=True)
+    return {kind: str(root / kind) for kind in ("target", "draft")}
+
+
+@pytest.fixture(scope="module")
+def first_start(tmp_path_factory, models):
+    """A DFLASH server started once (a miss: SGLang parses), its log and /server_info, then stopped."""
+    tmp = tmp_path_factory.mktemp("first-start")
+    env = {"SGLANG_LAB_PARSE_CACHE_DIR": str(tmp / "cache")}
+    server = Server(tmp, dflash_argv(models), env)
+    try:
+        server.wait_log(READY)
+        TIMINGS["miss: start to ready"] = time.monotonic() - server.started
+        assert libtorch_mapped(server)
+        info = server.json("/server_info")
+    finally:
+        server.stop()
+    return {"tmp": tmp, "env": env, "argv": server.argv, "log": server.log, "info": info}
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_restart_with_the_same_argv_is_served_from_the_cache(first_start):
+    cache = first_start["tmp"] / "cache"
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    entries = list(cache.glob("*.json"))
+    assert len(entries) == 1 and (entries[0].stat().st_mode & 0o777) == 0o600
+
+    server = Server(first_start["tmp"], first_start["argv"], first_start["env"],
+                    python_args=("-X", "importtime"))
+    try:
+        server.wait_log(READY)
+        TIMINGS["hit: start to ready"] = time.monotonic() - server.started
+        assert not libtorch_mapped(server)
+        info = server.json("/server_info")
+    finally:
+        server.stop()
+    imported = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", server.log, re.M)
+    assert "sglang.srt.entrypoints.openai.protocol" in imported  # the -X importtime list is complete
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+    assert "sglang.srt.server_args" not in imported  # SGLang's parser did not run
+    # Up to the port opening (warnings, server_args line, load phases): the same lines in the same order;
+    # after it, the same lines (the HTTP thread's access lines race the main thread's).
+    first, *rest_first = normalized(first_start["log"]).split("(Press CTRL+C to quit)\n")
+    again, *rest_again = normalized(server.log).split("(Press CTRL+C to quit)\n")
+    assert again == first
+    assert sorted("".join(rest_again).splitlines()) == sorted("".join(rest_first).splitlines())
+    assert "Max running requests is reset to 48 for speculative decoding." in server.log
+    assert "UserWarning: Only CUDA, HIP and XPU support AWQ currently." in server.log
+    assert without_timings(info) == without_timings(first_start["info"])
+    assert info["random_seed"] != first_start["info"]["random_seed"]  # drawn anew, as SGLang does
+    assert info["launch_command"] == " ".join(first_start["argv"]) and info["version"] == "0.5.23"
+    print(f"lab server start-to-ready: {TIMINGS}")
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_a_changed_argv_misses(first_start, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(first_start["tmp"] / "cache", cache)
+    argv = [*first_start["argv"], "--max-running-requests", "8"]
+    server = Server(tmp_path, argv, {"SGLANG_LAB_PARSE_CACHE_DIR": str(cache)})
+    try:
+        line = server.wait_log(r"server_args=\{.*\}").group(0)
+        assert libtorch_mapped(server)  # SGLang's parser ran
+        assert "'max_running_requests': 8" in line
+    finally:
+        server.stop()
+    assert len(list(cache.glob("*.json"))) == 2
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_a_corrupt_entry_falls_back_to_sglang_with_one_line(first_start, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(first_start["tmp"] / "cache", cache)
+    (entry,) = cache.glob("*.json")
+    entry.write_text(entry.read_text()[:500])
+    server = Server(tmp_path, first_start["argv"], {"SGLANG_LAB_PARSE_CACHE_DIR": str(cache)})
+    try:
+        line = server.wait_log(r"server_args=\{.*\}").group(0)
+        assert libtorch_mapped(server)
+    finally:
+        server.stop()
+    assert len(re.findall(r"parse cache", server.log)) == 1
+    assert re.search(rf"^\[[^]]+\] sglang-lab-server: parse cache entry {re.escape(str(entry))} ignored "
+                     r"\(corrupt: JSONDecodeError: .*\); parsing with SGLang$", server.log, re.M)
+    assert normalized(line) == normalized(re.search(r"server_args=\{.*\}", first_start["log"]).group(0))
+    assert json.loads(entry.read_text())["key"] == entry.stem  # written anew
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_a_changed_config_json_misses(tmp_path, models):
+    root = tmp_path / "models"
+    shutil.copytree(Path(models["target"]).parent, root)
+    argv = dflash_argv({kind: str(root / kind) for kind in ("target", "draft")}, port=free_port())
+    env = {"SGLANG_LAB_PARSE_CACHE_DIR": str(tmp_path / "cache")}
+
+    def start() -> tuple[str, bool]:
+        server = Server(tmp_path, argv, env)
+        try:
+            line = server.wait_log(r"server_args=\{.*\}").group(0)
+            return line, libtorch_mapped(server)
+        finally:
+            server.stop()
+
+    line, parsed = start()
+    assert parsed
+    again, parsed = start()
+    assert (normalized(again), parsed) == (normalized(line), False)  # served from the cache
+    config = root / "draft" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "block_size": 8}))
+    changed, parsed = start()
+    assert parsed  # the draft's config.json changed: SGLang resolves again
+    assert "'speculative_num_draft_tokens': 8" in changed and "'speculative_num_draft_tokens': 16" in line
