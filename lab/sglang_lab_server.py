@@ -25,7 +25,9 @@ user; a corrupt entry is reported in one line and parsed anew.
 Synthetic: load phases (SGLang's log texts, lab numbers; a 94.97 GB GPU), generated text (words; a
 prompt's tokens are its words and punctuation), timings. Deterministic speculative-decoding model:
     D = speculative_num_draft_tokens (else speculative_num_steps + 1), W = draft window,
-    k = speculative_eagle_topk, b = speculative_ddtree_budget (fork builds only, else 0)
+    k = speculative_eagle_topk, b = speculative_ddtree_budget (fork builds only, else 0); for DDTREE
+        k = the tree width of PR #29907's ddtree_utils.py: min(max(b // (D - 1) + 1, 2),
+        SGLANG_DDTREE_MAX_TOPK [default 6]) in full-tree mode (b > D - 1), else 1 (a chain)
     q = min(0.95, 0.25 * (min(W, 4096) / 4096) ** 0.25   [1 if W unset]
                        * (1 + 0.1 * log2(k)) * (1 + 0.1 * log2(b / D))   [1 if b <= D])
     accept length L = 1 + (D - 1) * q                    (L = 1, D = 1 without speculative decoding)
@@ -48,8 +50,10 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -130,6 +134,9 @@ def spec_profile(d: dict) -> dict:
     draft = d.get("speculative_num_draft_tokens") or (d.get("speculative_num_steps") or 1) + 1
     window = d.get(NEW_WINDOW_KEY, d.get(OLD_WINDOW_KEY))
     topk, budget = max(1, d.get("speculative_eagle_topk") or 1), d.get("speculative_ddtree_budget") or 0
+    if str(algo).upper() == "DDTREE":
+        cap = int(os.environ.get("SGLANG_DDTREE_MAX_TOPK") or 6)
+        topk = min(max(budget // max(draft - 1, 1) + 1, 2), max(cap, 1)) if budget > draft - 1 else 1
     f_window = (min(window, 4096) / 4096) ** 0.25 if window else 1.0
     f_budget = 1 + 0.1 * math.log2(budget / draft) if budget > draft else 1.0
     q = min(0.95, 0.25 * f_window * (1 + 0.1 * math.log2(topk)) * f_budget)
@@ -732,6 +739,85 @@ def use_light_sglang_imports() -> None:
         importlib.import_module("sglang.srt").utils = sys.modules["sglang.srt.utils"]
 
 
+# ------------------------------------------------------------------------------- LAB REPLAY builds
+# A build CI cannot download (a DDTree fork) runs in the lab as a LAB REPLAY (lab/replay/): a package
+# `sglang` with the recorded build's parser and resolution only. Its startup line form and draft-worker
+# lines come from its recording; what it lacks of SGLang's serving code (logging set-up, response
+# models, auth, startup_time) the lab server does itself, in the shapes of SGLang 0.5.23.
+def replay_recording() -> dict | None:
+    """The recording of the installed LAB REPLAY build, or None for a real SGLang (found without
+    importing the package: a real SGLang's __init__ imports torch)."""
+    spec = importlib.util.find_spec("sglang")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(location, "lab_replay_recording.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                return json.load(handle)
+    return None
+
+
+class PlainModel:
+    """Stand-in for SGLang's pydantic response models (OpenAI shapes) on a replay build."""
+
+    defaults: dict = {}
+
+    def __init__(self, **fields: object) -> None:
+        self.fields = dict(self.defaults, **fields)
+
+    def model_dump(self) -> dict:
+        def plain(value):
+            if isinstance(value, PlainModel):
+                return value.model_dump()
+            return [plain(v) for v in value] if isinstance(value, list) else value
+
+        return {key: plain(value) for key, value in self.fields.items()}
+
+    def model_dump_json(self) -> str:
+        return json.dumps(self.model_dump())
+
+
+def plain_model(name: str, **defaults: object) -> type:
+    return type(name, (PlainModel,), {"defaults": defaults})
+
+
+def replay_serving_api() -> types.SimpleNamespace:
+    """What make_handler takes from SGLang's serving code, for a build that has none."""
+    exempt = ("/health", "/health_generate", "/ready", "/metrics")
+
+    def decide_request_auth(method, path, authorization_header, api_key, admin_api_key, auth_level):
+        ok = not api_key or path in exempt or authorization_header == f"Bearer {api_key}"
+        return types.SimpleNamespace(allowed=ok, error_status_code=None if ok else 401)
+
+    def build_sse_content(chunk_id, created, model, index, role=None, content=None, finish_reason=None):
+        delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
+        chunk = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}]}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    return types.SimpleNamespace(
+        ChatCompletionResponse=plain_model("ChatCompletionResponse", object="chat.completion"),
+        ChatCompletionResponseChoice=plain_model("ChatCompletionResponseChoice"),
+        ChatCompletionStreamResponse=plain_model("ChatCompletionStreamResponse",
+                                                 object="chat.completion.chunk"),
+        ChatMessage=plain_model("ChatMessage"),
+        ModelCard=plain_model("ModelCard", object="model", owned_by="sglang"),
+        ModelList=plain_model("ModelList", object="list"),
+        UsageInfo=plain_model("UsageInfo"),
+        build_sse_content=build_sse_content,
+        AuthLevel=types.SimpleNamespace(ADMIN_OPTIONAL="admin_optional", NORMAL="normal"),
+        decide_request_auth=decide_request_auth,
+    )
+
+
+def runner_fields(d: dict, draft_arch: str) -> dict:
+    """What a draft worker's start-up line reports, from the resolved args."""
+    window = d.get(NEW_WINDOW_KEY, d.get(OLD_WINDOW_KEY))
+    budget = d.get("speculative_ddtree_budget")
+    return dict(d, speculative_draft_attention_backend=d.get("speculative_draft_attention_backend")
+                or d.get("attention_backend"), speculative_draft_window_size=window, draft_model=draft_arch,
+                compact_cache=window is not None, max_tree_nodes=None if budget is None else budget + 1)
+
+
 class Lab:
     """One lab server process: resolved args, phase, counters."""
 
@@ -741,7 +827,9 @@ class Lab:
         self.crash_after = env_float("SGLANG_LAB_CRASH_AFTER", None)
         self.hang, self.old_api = env_flag("SGLANG_LAB_HANG"), env_flag("SGLANG_LAB_OLD_API")
         self.spawn_child = env_flag("SGLANG_LAB_SPAWN_CHILD")
-        self.log_format = os.environ.get("SGLANG_LAB_LOG_FORMAT") or "dict"
+        self.replay = replay_recording()
+        self.log_format = os.environ.get("SGLANG_LAB_LOG_FORMAT") or (
+            self.replay["server_args_form"] if self.replay else "dict")
         if self.log_format not in ("dict", "dataclass"):
             raise LabConfigError(f"SGLANG_LAB_LOG_FORMAT must be dict or dataclass, got {self.log_format!r}")
         self.resolved: dict = {}
@@ -786,6 +874,13 @@ class Lab:
         except ImportError:
             pass
         server_args = prepare_server_args(argv)  # argparse error: SGLang's usage text, exit 2
+        if self.replay is not None:  # its resolution ran in prepare_server_args (dataclass __post_init__)
+            if server_args.device is None:
+                server_args.device = "cuda"
+            recorder.logger_configured()
+            recorder.drawn = []
+            self.server_args, self.version, self.kv_events = server_args, self.replay["version"], None
+            return dataclasses.asdict(server_args)
         if server_args.device is None:  # no accelerator here; a GPU host resolves to cuda
             server_args.device = "cuda"
         from sglang.srt.parser.template_detection import resolve_auto_parsers
@@ -809,6 +904,10 @@ class Lab:
     def log_server_args(self) -> None:
         if self.log_format == "dict":
             engine_log.info(f"server_args={self.resolved}")
+            return
+        if self.replay is not None:  # the recorded build's own dataclass repr: its fields, its spellings
+            fields = ", ".join(f"{k}={v!r}" for k, v in self.resolved.items())
+            engine_log.info(f"server_args=ServerArgs({fields})")
             return
         hidden = {"watermark_key", "watermark_key_b", "watermark_config"}  # as ServerArgs.__repr__
         fields = ", ".join(f"{OLD_WINDOW_KEY if k == NEW_WINDOW_KEY else k}={v!r}"
@@ -857,17 +956,27 @@ class Lab:
             draft_arch = (read_config(d.get("speculative_draft_model_path")).get("architectures") or ["?"])[0]
             s.info(f"Load weight end. elapsed={share:.2f} s, type={draft_arch}, avail mem={avail:.2f} GB, "
                    "mem usage=0.00 GB.")
-            if str(self.spec["algo"]).upper() == "DFLASH":  # format string of dflash_worker_v2.py
-                window = d.get(NEW_WINDOW_KEY, d.get(OLD_WINDOW_KEY))
+            fields = runner_fields(d, draft_arch)
+            if self.replay is not None:  # the recorded build's worker lines (lab/replay/<build>.json)
+                for line in self.replay["runner_line"].get(str(self.spec["algo"]).upper(), []):
+                    s.info(line.format(**fields))
+            elif str(self.spec["algo"]).upper() == "DFLASH":  # format string of dflash_worker_v2.py
                 s.info("Initialized DFLASH draft runner. attention_backend=%s, model=%s, block_size=%s, "
                        "draft_window_size=%s, compact_cache=%s",
-                       d.get("speculative_draft_attention_backend") or d.get("attention_backend"),
-                       draft_arch, d.get("speculative_num_draft_tokens"), window, window is not None)
+                       fields["speculative_draft_attention_backend"], draft_arch,
+                       d.get("speculative_num_draft_tokens"), fields["speculative_draft_window_size"],
+                       fields["compact_cache"])
         self.max_req_input_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
         s.info(f"max_total_num_tokens={self.max_total_num_tokens}, chunked_prefill_size="
                f"{d.get('chunked_prefill_size')}, max_prefill_tokens={d.get('max_prefill_tokens')}, "
                f"max_running_requests={d.get('max_running_requests')}, context_len={self.context_len}, "
                f"available_gpu_mem={avail:.2f} GB")
+        if self.replay is not None:  # a replay build has no observability module: the phases, plainly
+            self.scheduler_startup = {"target_load_weight": 5 * share, "kv_cache_allocation": share,
+                                      "scheduler_e2e": self.load_seconds}
+            self.startup_time = {"schedulers": [self.scheduler_startup],
+                                 "tokenizer_e2e": time.monotonic() - self.t0}
+            return
         from sglang.srt.observability import startup_time
 
         self.scheduler_startup = startup_time.build_scheduler_startup_time(
@@ -1034,18 +1143,20 @@ class Lab:
         return "\n".join(lines) + "\n"
 
 
-def make_handler(lab: Lab):
-    from sglang.srt.entrypoints.openai.protocol import (
-        ChatCompletionResponse,
-        ChatCompletionResponseChoice,
-        ChatCompletionStreamResponse,
-        ChatMessage,
-        ModelCard,
-        ModelList,
-        UsageInfo,
-    )
+def serving_api() -> types.SimpleNamespace:
+    """SGLang's own response models, SSE encoder and API-key decision."""
+    from sglang.srt.entrypoints.openai import protocol
     from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
     from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    names = ("ChatCompletionResponse", "ChatCompletionResponseChoice", "ChatCompletionStreamResponse",
+             "ChatMessage", "ModelCard", "ModelList", "UsageInfo")
+    return types.SimpleNamespace(**{n: getattr(protocol, n) for n in names}, AuthLevel=AuthLevel,
+                                 build_sse_content=build_sse_content, decide_request_auth=decide_request_auth)
+
+
+def make_handler(lab: Lab):
+    api = replay_serving_api() if lab.replay is not None else serving_api()
 
     phrases = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
                405: "Method Not Allowed", 503: "Service Unavailable"}
@@ -1076,10 +1187,11 @@ def make_handler(lab: Lab):
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
-            decision = decide_request_auth(  # SGLang's own decision; /health*, /ready, /metrics are exempt
+            # SGLang's own decision; /health*, /ready, /metrics are exempt
+            decision = api.decide_request_auth(
                 method=self.command, path=path, authorization_header=self.headers.get("Authorization"),
                 api_key=lab.resolved.get("api_key"), admin_api_key=lab.resolved.get("admin_api_key"),
-                auth_level=AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else AuthLevel.NORMAL)
+                auth_level=api.AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else api.AuthLevel.NORMAL)
             if not decision.allowed:
                 code = decision.error_status_code
                 self.send(code, {"error": "Unauthorized" if code == 401 else "Forbidden"})
@@ -1124,11 +1236,12 @@ def make_handler(lab: Lab):
                 self.deprecated("/get_model_info", "/model_info")
             self.send(200, lab.model_info())
 
-        def card(self, name: str) -> ModelCard:
-            return ModelCard(id=name, root=name, max_model_len=lab.context_len)
+        def card(self, name: str) -> api.ModelCard:
+            return api.ModelCard(id=name, root=name, max_model_len=lab.context_len)
 
         def models(self) -> None:
-            self.send(200, ModelList(data=[self.card(lab.resolved.get("served_model_name"))]).model_dump())
+            cards = [self.card(lab.resolved.get("served_model_name"))]
+            self.send(200, api.ModelList(data=cards).model_dump())
 
         def one_model(self) -> None:
             wanted = self.path.split("?", 1)[0][len("/v1/models/"):]
@@ -1197,16 +1310,16 @@ def make_handler(lab: Lab):
             if not req.get("stream"):
                 out, meta = list(lab.generate(prompt, ptok, max_new, rid, False))[-1]
                 done = meta["completion_tokens"]
-                message = ChatMessage(role="assistant", content=out)
-                choice = ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")
-                self.send(200, ChatCompletionResponse(
+                message = api.ChatMessage(role="assistant", content=out)
+                choice = api.ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")
+                self.send(200, api.ChatCompletionResponse(
                     id=rid, created=created, model=model, choices=[choice],
-                    usage=UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
+                    usage=api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
                     metadata={"weight_version": "default", "lab_server": True}).model_dump())
                 return
 
             def sse(**kwargs) -> str:
-                return build_sse_content(chunk_id=rid, created=created, model=model, index=0, **kwargs)
+                return api.build_sse_content(chunk_id=rid, created=created, model=model, index=0, **kwargs)
 
             def chunks():
                 yield sse(role="assistant", content="")
@@ -1216,8 +1329,9 @@ def make_handler(lab: Lab):
                     sent, done = len(out), meta["completion_tokens"]
                 yield sse(finish_reason="length")
                 if (req.get("stream_options") or {}).get("include_usage"):
-                    usage = UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done)
-                    last = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[],
+                    total = ptok + done
+                    usage = api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=total)
+                    last = api.ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[],
                                                         usage=usage)
                     yield f"data: {last.model_dump_json()}\n\n"
 

@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ class Server:
     Its parse cache is `<tmp>/parse-cache` unless env names another SGLANG_LAB_PARSE_CACHE_DIR."""
 
     def __init__(self, tmp: Path, argv: list[str], env: dict[str, str] | None = None,
-                 python_args: tuple[str, ...] = ()) -> None:
+                 python_args: tuple[str, ...] = (), python: str = PYTHON) -> None:
         self.argv, self.log_path = argv, tmp / f"server-{time.monotonic_ns()}.log"
         self.port = int(argv[argv.index("--port") + 1]) if "--port" in argv else None
         full_env = {k: v for k, v in os.environ.items()
@@ -69,7 +70,7 @@ class Server:
                          "SGLANG_LAB_PARSE_CACHE_DIR": str(tmp / "parse-cache"), **(env or {})})
         with open(self.log_path, "wb") as log:
             self.started = time.monotonic()
-            self.proc = subprocess.Popen([PYTHON, *python_args, str(SERVER), *argv], stdout=log, stderr=log,
+            self.proc = subprocess.Popen([python, *python_args, str(SERVER), *argv], stdout=log, stderr=log,
                                          stdin=subprocess.DEVNULL, env=full_env)
 
     @property
@@ -393,3 +394,52 @@ def test_port_in_use_fails_after_load_like_uvicorn(tmp_path, models):
     assert f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): " \
            "address already in use" in log
     assert log.index("Load weight end.") < log.index("[Errno 98]")
+
+
+# ------------------------------------------------------------------ the lab DDTree build (lab/replay/)
+@pytest.fixture(scope="module")
+def replay_site(tmp_path_factory) -> str:
+    """The LAB REPLAY wheel of PR #29907 unpacked as it is installed: a python with only it (no torch)."""
+    out = tmp_path_factory.mktemp("replay")
+    build = [sys.executable, str(SERVER.parent / "replay" / "build-wheel"), "ddtree-pr29907", str(out)]
+    wheel = subprocess.run(build, check=True, capture_output=True, text=True).stdout.strip()
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(out / "site")
+    return str(out / "site")
+
+
+def test_ddtree_replay_build_logs_and_serves_as_the_recorded_build(tmp_path, models, replay_site):
+    port = free_port()
+    argv = ["--model-path", models["target"], "--speculative-algorithm", "DDTREE",
+            "--speculative-draft-model-path", models["draft"], "--speculative-ddtree-budget", "32",
+            "--speculative-draft-window-size", "2048", "--page-size", "1", "--port", str(port)]
+    server = Server(tmp_path, argv, env={"PYTHONPATH": replay_site, "SGLANG_DDTREE_MAX_TOPK": "4"},
+                    python=sys.executable)
+    try:
+        server.wait_log(r"The server is fired up and ready to roll!")
+        log = server.log
+        # the build's dataclass startup line with ITS window field, and both of its worker lines
+        assert re.search(r"server_args=ServerArgs\(.*speculative_draft_window_size=2048, ", log)
+        assert ("Initialized DFLASH draft runner. attention_backend=triton, model=DFlashDraftModel, "
+                "block_size=16, draft_window_size=2048, compact_cache=True") in log
+        assert "Initialized DDTree worker. block_size=16, tree_budget=32, max_tree_nodes=33" in log
+        # the build's own warnings, as its resolution logs them
+        assert "--speculative-draft-window-size has no effect with speculative_algorithm=DDTREE" in log
+        assert "Piecewise CUDA graph is disabled for DDTREE full-tree mode (budget=32 > block_size-1=15)" in (
+            log)
+        status, body = server.request("/server_info")
+        info = json.loads(body)
+        assert status == 200 and info["version"] == "0.0.0.dev0+labreplay.ddtree.pr29907"
+        assert info["speculative_ddtree_budget"] == 32 and info["page_size"] == 1
+        status, body = server.request("/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["object"] == "model"
+    finally:
+        server.stop()
+
+
+def test_ddtree_replay_refuses_as_the_recorded_build(tmp_path, models, replay_site):
+    argv = ["--model-path", models["target"], "--speculative-algorithm", "DDTREE",
+            "--speculative-draft-model-path", models["draft"], "--port", str(free_port())]
+    server = Server(tmp_path, argv, env={"PYTHONPATH": replay_site}, python=sys.executable)
+    assert server.wait_exit() == 1
+    assert "ValueError: DDTREE currently supports only page_size == 1. Got page_size=None." in server.log
