@@ -41,10 +41,13 @@ class FakeHost:
         http=None,
         cmdline=S / 'cmdline-dflash-2048.bin',
         sync_rc=0,
+        environ=None,
+        journal_dir=J,
     ):
         self.calls = []
-        self.show = show_text(show)
-        self.journal = (J / journal).read_text()
+        self.show = (journal_dir / show).read_text()
+        self.journal = (journal_dir / journal).read_text()
+        self.environ = environ
         self.sync_rc = sync_rc
         self.http = (
             http if http is not None else {'/server_info': (200, (S / 'dflash-2048.json').read_bytes())}
@@ -57,6 +60,10 @@ class FakeHost:
         real_open = builtins.open
 
         def fake_open(path, *args, **kwargs):
+            if isinstance(path, str) and path.startswith('/proc/') and path.endswith('/environ'):
+                if self.environ is None:
+                    raise PermissionError(13, 'Permission denied', path)
+                return real_open(self.environ, *args, **kwargs)
             if isinstance(path, str) and path.startswith('/proc/') and path.endswith('/cmdline'):
                 if self.cmdline is None:
                     raise FileNotFoundError(2, 'No such file or directory', path)
@@ -155,7 +162,11 @@ def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
         'compact_cache': True,
     }
     assert result['read_from']['speculative_draft_window_size'] == [
-        '/server_info', 'journal server_args', '/proc/98/cmdline', 'DFLASH draft runner']
+        '/server_info',
+        'journal server_args',
+        '/proc/98/cmdline',
+        'DFLASH draft runner',
+    ]
     assert host.auth_seen == [f'Bearer {SENTINEL}']
     journal_cmd = [c for c in host.calls if c[0].endswith('journalctl') and c[1] != '--sync'][0]
     assert journal_cmd[-3:] == ['_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407', '+', '_PID=98']
@@ -347,3 +358,85 @@ def test_alias_spelling_in_reported_source_satisfies_canonical_key():
     assert sa.managed_view(
         {'speculative_dflash_draft_window_size': 2048}, {'speculative_draft_window_size': 2048}
     ) == {'speculative_draft_window_size (as speculative_dflash_draft_window_size)': 2048}
+
+
+# --------------------------------------------------------------------- DDTREE (the lab DDTree build)
+# Recorded on lab host lab1 from the verified deploy of `-e @inventory/lab/ddtree.yml -e budget=8 -e topk=4
+# -e window=4096` (tests/fixtures/ddtree/lab-run/SOURCE.md).
+DD = FIXTURES / 'ddtree' / 'lab-run'
+DD_EXPECTED = {
+    'model_path': '/srv/models/lab-target',
+    'speculative_algorithm': 'DDTREE',
+    'speculative_draft_model_path': '/srv/models/lab-dflash-draft',
+    'speculative_draft_window_size': 4096,
+    'speculative_ddtree_budget': 8,
+    'page_size': 1,
+    'port': 30001,
+}
+DD_RUNNERS = {'window': 'DFLASH draft runner', 'budget': 'DDTree worker'}
+
+
+def ddtree_host(monkeypatch, environ=DD / 'environ.bin'):
+    return FakeHost(
+        monkeypatch,
+        show='show.txt',
+        journal='inv.json',
+        journal_dir=DD,
+        cmdline=DD / 'cmdline.bin',
+        http={'/server_info': (200, (DD / 'server_info.json').read_bytes())},
+        environ=environ,
+    )
+
+
+def ddtree_args(**kw):
+    base = dict(
+        port=30001,
+        unit='sglang-k26-ddtree.service',
+        expected=DD_EXPECTED,
+        require_window=True,
+        runner_lines=DD_RUNNERS,
+        expected_env={'SGLANG_DDTREE_MAX_TOPK': '4'},
+    )
+    base.update(kw)
+    return base
+
+
+def test_ddtree_deploy_verifies_window_budget_and_env_topk(monkeypatch, run):
+    ddtree_host(monkeypatch)
+    result, failed = run(ddtree_args())
+    assert not failed, result['msg']
+    assert result['summary']['SGLANG_DDTREE_MAX_TOPK'] == '4 (from /proc/949/environ)'
+    assert result['read_from']['speculative_ddtree_budget'][-1] == 'DDTree worker'
+    assert result['read_from']['speculative_draft_window_size'][-1] == 'DFLASH draft runner'
+    assert result['evidence']['runner']['draft_window_size'] == 4096
+    # the build's resolution-time warning is contradicted by its running worker: recorded, not fatal
+    assert any('has no effect with speculative_algorithm=DDTREE' in w for w in result['evidence']['warnings'])
+
+
+def test_ddtree_wrong_env_topk_or_unreadable_environ_fails(monkeypatch, run):
+    ddtree_host(monkeypatch)
+    result, failed = run(ddtree_args(expected_env={'SGLANG_DDTREE_MAX_TOPK': '2'}))
+    assert failed and 'SGLANG_DDTREE_MAX_TOPK: expected 2, running 4 (/proc/949/environ)' in result['diff']
+    ddtree_host(monkeypatch, environ=None)
+    result, failed = run(ddtree_args())
+    assert failed and 'cannot read /proc/949/environ: Permission denied (needs root)' in result['failures']
+
+
+def test_ddtree_wrong_window_or_budget_is_caught_by_the_worker_lines(monkeypatch, run):
+    ddtree_host(monkeypatch)
+    result, failed = run(ddtree_args(expected=dict(DD_EXPECTED, speculative_draft_window_size=2048)))
+    assert failed
+    assert any(
+        'expected 2048, DFLASH draft runner reports draft_window_size=4096' in d for d in result['diff']
+    )
+    result, failed = run(ddtree_args(expected=dict(DD_EXPECTED, speculative_ddtree_budget=16)))
+    assert failed and any('DDTree worker reports tree_budget=8' in d for d in result['diff'])
+
+
+def test_ddtree_with_a_window_is_not_refused_as_an_algorithm_without_one(monkeypatch, run):
+    # the bug of issue 13: every DDTREE deploy with a window failed AFTER the restart
+    ddtree_host(monkeypatch)
+    result, _ = run(ddtree_args())
+    assert not any(
+        'has no effect with speculative_algorithm=DDTREE (SGLang honours' in d for d in result['diff']
+    )
