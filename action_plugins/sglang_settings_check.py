@@ -189,11 +189,11 @@ def check_speculative(s):
             ' DFLASH, EAGLE3 or NGRAM (letters, digits, _), or null for none'
         )
     draft = s['sglang_speculative_draft_model_path']
-    dflash = isinstance(algo, str) and algo.upper() == 'DFLASH'
+    dflash = isinstance(algo, str) and algo.upper() in OPTIONS.DFLASH_BASED
     if not ((draft is None or (isinstance(draft, str) and draft.startswith('/'))) and (not dflash or draft)):
         errors.append(
             f'sglang_speculative_draft_model_path={shown(draft, 60)}: must be an absolute path, and is'
-            ' required with sglang_speculative_algorithm=DFLASH'
+            ' required with sglang_speculative_algorithm=DFLASH or DDTREE'
         )
     window, block = s['sglang_speculative_draft_window_size'], s['sglang_speculative_block_size']
     tokens = s['sglang_speculative_num_draft_tokens']

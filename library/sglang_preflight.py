@@ -118,7 +118,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_options import read_argv, window_support
+from ansible.module_utils.sglang_options import DFLASH_BASED, read_argv, window_support
 from ansible.module_utils.sglang_redact import redact, redact_text
 from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
@@ -250,10 +250,10 @@ def check_rules(argv):
         elif support == 'unknown':
             warnings.append(f'speculative_draft_window_size: {algo} is not a built-in algorithm; whether it '
                             'honours the draft window depends on that build')
-    if algo != 'DFLASH':
+    if algo not in DFLASH_BASED:
         return warnings
     if not values.get('speculative_draft_model_path'):
-        raise ValueError('speculative_draft_model_path: DFLASH needs a draft model path')
+        raise ValueError(f'speculative_draft_model_path: {algo} needs a draft model path')
     pp_size = _int(values, 'pp_size')
     if pp_size is not None and pp_size != 1:
         raise ValueError(f'pp_size: DFLASH requires pp_size 1, got {pp_size}')

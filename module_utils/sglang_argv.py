@@ -18,6 +18,7 @@ import numbers
 
 from ansible.module_utils.sglang_options import (  # noqa: E402
     ACCEPTED_DESTS,
+    DFLASH_BASED,
     MISSING_HINTS,
     SECRET_KEYS,
     WINDOW_KEY,
@@ -224,7 +225,7 @@ def _bool_tokens(name, flag, value, action, capabilities):
 
 def _check_dflash_aliases(settings):
     algo = settings.get('speculative_algorithm')
-    if not isinstance(algo, str) or algo.upper() != 'DFLASH':
+    if not isinstance(algo, str) or algo.upper() not in DFLASH_BASED:
         return
     block = settings.get('speculative_dflash_block_size')
     tokens = settings.get('speculative_num_draft_tokens')
@@ -336,7 +337,7 @@ def _resolve_block_size(key, algo, capabilities):
     try:
         return resolve_setting(key, capabilities)
     except ValueError:
-        if isinstance(algo, str) and algo.upper() == 'DFLASH':
+        if isinstance(algo, str) and algo.upper() in DFLASH_BASED:
             # --speculative-dflash-block-size is an alias of --speculative-num-draft-tokens for DFLASH.
             return resolve_setting('speculative_num_draft_tokens', capabilities)
         raise

@@ -121,6 +121,9 @@ BUDGET_KEY = 'speculative_ddtree_budget'
 # and honours it too. EAGLE/EAGLE3 (and MTP/NEXTN, which resolve to EAGLE) only for Llama EAGLE-3
 # drafts and the triton/flashinfer draft backends. The others log a warning and run WITHOUT it.
 WINDOW_HONOURED = frozenset({'DFLASH', 'DDTREE'})
+# Algorithms that run SGLang's DFLASH handling (draft model required, block size = draft tokens, window >=
+# block size, steps and top-k forced to 1): DFLASH itself and DDTREE (its handler calls the DFLASH one).
+DFLASH_BASED = frozenset({'DFLASH', 'DDTREE'})
 WINDOW_SOMETIMES = frozenset({'EAGLE', 'EAGLE3', 'NEXTN', 'MTP'})
 WINDOW_IGNORED = frozenset({'NGRAM', 'STANDALONE', 'DSPARK', 'UNO'})
 # SGLang 0.5.23's warnings that the window is not applied (exact text, speculative_hook.py and
