@@ -76,11 +76,53 @@ def molecule_ids() -> dict[str, set[str]]:
     return out
 
 
+@functools.cache
+def tests_by_marker() -> dict[str, set[str]]:
+    """The ids of tests/ with the lab marker and without it (two collections, in parallel)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        lab, not_lab = pool.map(pytest_ids, [["-m", "lab", "tests"], ["-m", "not lab", "tests"]])
+    return {"lab": lab, "not lab": not_lab}
+
+
 def current_ids() -> set[str]:
-    ids = pytest_ids(["tests"])
+    ids = set().union(*tests_by_marker().values())
     for scenario_ids in molecule_ids().values():
         ids |= scenario_ids
     return ids
+
+
+def _under(test_id: str, path: str) -> bool:
+    file = test_id.split("::", 1)[0]
+    return file == path or file.startswith(path + "/")
+
+
+def selected_ids(selection: str) -> set[str]:
+    """The ids one part's pytest arguments select. Paths, --ignore and `-m lab` / `-m "not lab"` are
+    applied to the two collections of tests/ (no further pytest run); any other argument makes pytest
+    collect the selection itself."""
+    args = shlex.split(selection)
+    marker, paths, ignores = None, [], []
+    it = iter(args)
+    for arg in it:
+        if arg == "-m":
+            marker = next(it, "")
+        elif arg.startswith("--ignore="):
+            ignores.append(os.path.normpath(arg.split("=", 1)[1]))
+        elif arg == "--ignore":
+            ignores.append(os.path.normpath(next(it, "")))
+        elif arg.startswith("-") or "::" in arg or marker not in (None, "lab", "not lab"):
+            return pytest_ids(args)
+        else:
+            paths.append(os.path.normpath(arg))
+    if marker not in (None, "lab", "not lab"):
+        return pytest_ids(args)
+    by_marker = tests_by_marker()
+    pool = by_marker[marker] if marker else set().union(*by_marker.values())
+    return {
+        i
+        for i in pool
+        if (not paths or any(_under(i, p) for p in paths)) and not any(_under(i, g) for g in ignores)
+    }
 
 
 def read_baseline(path: Path) -> dict[str, list[str]]:
@@ -109,7 +151,7 @@ def directory(test_id: str) -> str:
 
 def write_baseline(path: Path, ids: set[str]) -> None:
     counts = Counter(directory(i) for i in ids)
-    lab = Counter(directory(i) for i in pytest_ids(["-m", "lab", "tests"]))
+    lab = Counter(directory(i) for i in tests_by_marker()["lab"])
     head = [
         "# Test ids of the whole suite (issue 15): every one must still be collected, and run by `make test`",
         "# (tests/check_suite_ids.py, run by `make check`). A moved or renamed test stays here as",
@@ -163,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.selection:
         selected: set[str] = set()
         excluded = [["molecule", name] for name in args.molecule_exclude]  # run by hand (real GPU)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            for ids_of_part in pool.map(pytest_ids, [shlex.split(sel) for sel in args.selection]):
-                selected |= ids_of_part
+        for selection in args.selection:
+            selected |= selected_ids(selection)
         for name, scenario_ids in molecule_ids().items():
             if name not in args.molecule_exclude:
                 selected |= scenario_ids
