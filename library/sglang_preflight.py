@@ -119,7 +119,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_options import DFLASH_BASED, read_argv, window_support
-from ansible.module_utils.sglang_redact import redact, redact_text
+from ansible.module_utils.sglang_redact import MIN_TEXT_SECRET_LEN, redact, redact_text
 from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
 PLACEHOLDER = 'sglang-preflight-placeholder'
@@ -316,10 +316,19 @@ def error_line(stderr):
     return lines[-1] if lines else ''
 
 
+# Environment names whose values are secrets (as playbooks/plan.yml masks them in the env diff).
+SECRET_ENV_NAME = re.compile(r'KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL', re.IGNORECASE)
+
+
+def secret_env_values(env):
+    """The values of the secret-named variables of ``env`` (HF_TOKEN, SGLANG_API_KEY, ...)."""
+    return [str(v) for k, v in env.items() if v and SECRET_ENV_NAME.search(str(k))]
+
+
 def preflight(module, params):
     argv = list(params['argv'])
     env = params['env'] or {}
-    secrets = [str(v) for k, v in env.items() if v and ('KEY' in k.upper() or 'TOKEN' in k.upper())]
+    secrets = secret_env_values(env)
     for bad in argv:
         if '\n' in bad or '\x00' in bad:
             module.fail_json(msg=f'argv: element {bad[:40]!r} contains a newline or NUL')
@@ -378,12 +387,19 @@ def main():
             python=dict(type='path', required=True),
             argv=dict(type='list', elements='str', required=True),
             device=dict(type='str'),
-            env=dict(type='dict', default={}, no_log=True),
+            # Not no_log: Ansible would then mask every value of the environment in all the output,
+            # so each "1" and "0" (NCCL_P2P_DISABLE=1, CUDA_VISIBLE_DEVICES=0) in SGLang's error text
+            # became "********". Only the values of secret-named variables are masked (below).
+            env=dict(type='dict', default={}),
             cache_dir=dict(type='path', default='/var/lib/sglang-deploy/preflight'),
             timeout=dict(type='int', default=300),
         ),
         supports_check_mode=True,
     )
+    # Short values ("1", "yes" of HF_HUB_DISABLE_IMPLICIT_TOKEN) would mask every such word of the
+    # output and hide no secret; module_utils/sglang_redact.py draws the same line.
+    module.no_log_values.update(v for v in secret_env_values(module.params['env'] or {})
+                                if len(v) >= MIN_TEXT_SECRET_LEN)
     python = module.params['python']
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         module.fail_json(msg=f'python: {python} is not an executable file (is the SGLang venv installed?)')

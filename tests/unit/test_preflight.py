@@ -117,6 +117,24 @@ def test_sglang_semantic_error_is_reported_in_its_own_words(run_module, fake_pyt
     assert not (tmp_path / 'c').exists()  # failures are never cached
 
 
+def test_environment_values_do_not_mask_the_error_text(run_module, fake_python, tmp_path, replay):
+    """Issue 18: with ``no_log`` on the whole environment, Ansible masked every value of it in the
+    output, so NCCL_P2P_DISABLE=1 turned each "1" of SGLang's error into "********". Only the values
+    of secret-named variables are masked now."""
+    replay.run = 'window-8-below-block-size'
+    env = {'NCCL_P2P_DISABLE': '1', 'CUDA_VISIBLE_DEVICES': '0', 'SGLANG_API_KEY': 'real-secret-value',
+           'HF_TOKEN': 'hf_sentinel_token_42', 'HF_HUB_DISABLE_IMPLICIT_TOKEN': '1'}
+    result, failed = run_module('sglang_preflight',
+                                args_for(fake_python, WINDOW_8, tmp_path / 'c', env=env))
+    assert failed and result['rc'] == 1
+    assert result['msg'] == (
+        'SGLang 0.5.23 refused the settings: ValueError: --speculative-draft-window-size must be >= '
+        '--speculative-num-draft-tokens (block_size). window_size=8, block_size=16.')
+    assert result['invocation']['module_args']['env']['NCCL_P2P_DISABLE'] == '1'
+    out = run_module.last_output
+    assert 'real-secret-value' not in out and 'hf_sentinel_token_42' not in out
+
+
 def test_argparse_rejection_keeps_sglang_text_and_rc_2(run_module, fake_python, tmp_path, replay):
     replay.run = 'old-window-flag-rejected'
     result, failed = run_module('sglang_preflight', args_for(fake_python, OLD_FLAG, tmp_path / 'c'))
