@@ -10,6 +10,7 @@ namespace the server listens in (the module runs on the target host, so it is).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
@@ -55,13 +56,36 @@ def parse_net_tcp(text):
     return rows
 
 
-def _address_matches(listen_ip, host):
+def host_addresses(host):
+    """The IP addresses ``host`` stands for: itself when it is an address, else what it resolves to.
+
+    SGLang (uvicorn) binds the address a hostname resolves to, so ``--host gpu01.example`` listens
+    on e.g. 10.0.0.5 and the listener must be matched by that address, not by the name. A name that
+    does not resolve matches only wildcard listeners.
+    """
+    if host is None:
+        return None
+    text = str(host).strip("[]")
+    try:
+        return {ipaddress.ip_address(text).compressed}
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return set()
+    return {ipaddress.ip_address(info[4][0].split("%", 1)[0]).compressed for info in infos}
+
+
+def _address_matches(listen_ip, host, addresses=None):
     """A socket bound to the wildcard (or its v4-mapped form) accepts connections to any host."""
     if host is None:
         return True
-    if listen_ip in ("0.0.0.0", "::", host):
+    if addresses is None:
+        addresses = host_addresses(host)
+    if listen_ip in ("0.0.0.0", "::", host) or listen_ip in addresses:
         return True
-    if listen_ip.startswith("::ffff:") and listen_ip[7:] == host:
+    if listen_ip.startswith("::ffff:") and listen_ip[7:] in addresses | {host}:
         return True
     # 'localhost' and friends: accept any loopback listener.
     return host == "localhost" and (listen_ip.startswith("127.") or listen_ip == "::1")
@@ -74,6 +98,8 @@ def listeners(port, host=None, root="/proc"):
     (a socket being torn down).
     """
     found = []
+    # Resolved once per call (a hostname in sglang_host: the addresses it stands for).
+    addresses = host_addresses(host)
     for family in ("tcp", "tcp6"):
         path = os.path.join(root, "net", family)
         try:
@@ -83,7 +109,7 @@ def listeners(port, host=None, root="/proc"):
         for row in parse_net_tcp(text):
             if row["state"] != TCP_LISTEN or row["local_port"] != port or not row["inode"]:
                 continue
-            if not _address_matches(row["local_address"], host):
+            if not _address_matches(row["local_address"], host, addresses):
                 continue
             found.append(
                 {

@@ -10,6 +10,8 @@ point at the proc trees copied from the same host; journalctl returns the record
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
@@ -261,6 +263,47 @@ def test_never_opens_port_fails_at_ready_timeout(monkeypatch):
         and "did not answer 200 within ready_timeout=4.0 s (port 18099 never opened" in res["msg"]
     )
     assert res["timings"]["port_open"] is None and res["progress"]["elapsed"] >= 4
+
+
+def _bound_tree(tmp_path):
+    """The healthy proc tree with the server's listener bound to 10.213.1.2 instead of 0.0.0.0."""
+    tree = tmp_path / "bound"
+    shutil.copytree(FIX / "healthy", tree, symlinks=True)
+    tcp = tree / "proc" / "net" / "tcp"
+    text = tcp.read_text()
+    assert "00000000:4651" in text  # port 18001 on the wildcard
+    tcp.write_text(text.replace("00000000:4651", "0201D50A:4651"))  # 10.213.1.2, little-endian
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [("gpu01.lab", True), ("10.213.1.2", True), ("other.lab", False), ("unknown.lab", False)],
+)
+def test_a_hostname_is_matched_to_the_address_it_resolves_to(monkeypatch, tmp_path, host, ok):
+    """Issue 18: SGLang binds the address a hostname in sglang_host resolves to; the listener was
+    matched only against the name itself, so a hostname never matched and the run waited the whole
+    ready timeout (twice, with the rollback) saying the port never opened."""
+    table = {"gpu01.lab": ["10.213.1.2", "fd00::2"], "other.lab": ["10.9.9.9"]}
+
+    def fake_getaddrinfo(name, port, *args, **kwargs):
+        if name not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [
+            (socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0))
+            for ip in table[name]
+        ]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    args = {"unit": "vr-healthy", "host": host, "port": 18001, "ready_timeout": 5, "stable_seconds": 1}
+    res = run(monkeypatch, replay, args, tree=_bound_tree(tmp_path))
+    if ok:
+        assert not res.get("failed"), res["msg"]
+        assert res["listener"]["address"] == "10.213.1.2" and res["listener"]["pid"] == 554
+    else:
+        assert res["failed"] and "port 18001 never opened" in res["msg"]
 
 
 # ------------------------------------------------------------------------------ refusals, check
