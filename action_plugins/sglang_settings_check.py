@@ -132,6 +132,13 @@ def check_api_key(s):
             'sglang_api_key: must be a string without control characters or leading/trailing spaces'
             ' (value not shown)'
         ]
+    if key.startswith('-'):
+        # `--api-key -x...`: SGLang's argparse takes the value for an option and exits 2 at start
+        # (the preflight checks the argv with a placeholder, so only this rule sees the value).
+        return [
+            "sglang_api_key: must not start with '-' (SGLang's argparse would read it as an option"
+            ' and exit 2 at start; value not shown)'
+        ]
     return []
 
 

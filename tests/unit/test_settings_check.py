@@ -156,6 +156,19 @@ def test_api_key_is_described_never_shown(settings):
     ]
 
 
+@pytest.mark.parametrize('key', [f'-{SENTINEL}', f'--{SENTINEL}', '-'])
+def test_api_key_starting_with_a_dash_is_refused_unseen(settings, key):
+    """Issue 18: `--api-key -k...` makes SGLang's argparse exit 2 at start, yet every gate passed it
+    (the preflight parses a placeholder, never the key)."""
+    settings['sglang_api_key'] = key
+    assert errors(settings) == [
+        "sglang_api_key: must not start with '-' (SGLang's argparse would read it as an option"
+        ' and exit 2 at start; value not shown)'
+    ]
+    settings['sglang_api_key'] = f'k-{SENTINEL}-'  # a dash inside or at the end is fine
+    assert errors(settings) == []
+
+
 def test_a_secret_extra_argument_is_refused_without_showing_it(settings):
     settings['sglang_extra_args'] = [
         {'arg': '--api-key', 'value': SENTINEL},
