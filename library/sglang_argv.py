@@ -108,6 +108,14 @@ argv:
   elements: str
   sample:
     ["--model-path", "/srv/models/kimi-k2.6", "--speculative-draft-window-size", "2048", "--tp-size", "8"]
+secret_positions:
+  description:
+    - Indexes into RV(argv) of the secret references (C(${ENVVAR}) of O(secret_env)), the only elements
+      systemd may substitute; a user value containing C(${...}) is passed literally.
+  returned: success
+  type: list
+  elements: int
+  sample: [3]
 managed:
   description: Canonical key -> value SGLang will parse (extra args keyed by their canonical dest).
   returned: success

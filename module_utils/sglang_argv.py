@@ -268,12 +268,15 @@ def _unknown_flag_error(name, flag, capabilities, index):
     return ValueError(f'{name}: {_version(capabilities)} does not accept {flag}{suggestion}')
 
 
-def build_argv(settings, capabilities, extra_args=None, secret_env=None):
+def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_positions=None):
     """Settings (canonical key -> value) -> (argv, managed).
 
     ``argv`` holds only SGLang's arguments (no launcher). ``managed`` maps canonical keys (and
     the dests of extra args) to the value SGLang will parse; secrets appear only as
     ``${ENVVAR}``. None values are omitted. Raises ValueError naming the setting.
+    ``secret_positions`` (a list, optional) receives the argv index of each ``${ENVVAR}`` this
+    function put there: the only elements systemd may substitute (a user value that contains
+    ``${...}`` is passed literally).
     """
     settings = dict(settings or {})
     secret_env = dict(secret_env or {})
@@ -306,6 +309,8 @@ def build_argv(settings, capabilities, extra_args=None, secret_env=None):
                 raise ValueError(f'{key}: secret_env name {env!r} is not a valid environment variable name')
             placeholder = f'${{{env}}}'
             argv.extend([flag, placeholder])
+            if secret_positions is not None:
+                secret_positions.append(len(argv) - 1)
             managed[key] = placeholder
             continue
         if not action.get('takes_value', True):
@@ -406,7 +411,8 @@ def flag_dests(capabilities):
 def build_command(settings, capabilities, profile, extra_args=None, secret_env=None, environment=None):
     """Settings + the installed parser + the build profile -> what the unit and env file need.
 
-    Returns ``{'argv', 'managed', 'env', 'env_managed', 'require_window', 'runner_lines'}``: ``env``
+    Returns ``{'argv', 'secret_positions', 'managed', 'env', 'env_managed', 'require_window',
+    'runner_lines'}`` (``secret_positions``: the argv indexes of the secret references): ``env``
     holds the knobs the build reads from the environment (``{VAR: value}``), ``env_managed`` maps their
     canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
     and the tree budget. Raises ValueError naming the setting (the build's refusals first).
@@ -428,11 +434,13 @@ def build_command(settings, capabilities, profile, extra_args=None, secret_env=N
             "select the profile of the installed build".format(
                 profile['name'], profile.get('source') or profile.get('description'),
                 ', '.join(flag_spelling(d) for d in missing), _version(capabilities)))
-    argv, managed = build_argv(flags, capabilities, extra_args, secret_env)
+    secret_positions = []
+    argv, managed = build_argv(flags, capabilities, extra_args, secret_env, secret_positions)
     algo = managed.get('speculative_algorithm')
     env_managed = {key: var for key, var in env_knob_sources(profile, algo).items() if var in env}
     return {
         'argv': argv,
+        'secret_positions': secret_positions,
         'managed': managed,
         'env': env,
         'env_managed': env_managed,

@@ -53,9 +53,11 @@ EXEC_CASES = [
     ("empty", "", '""'),
     ("non_ascii", "Grüße 日本語 🚀", '"Grüße 日本語 🚀"'),
     ("json", '{"a": [1, "x y"], "b": "%$\\\\"}', '"{\\"a\\": [1, \\"x y\\"], \\"b\\": \\"%%$$\\\\\\\\\\"}"'),
-    ("secret_ref", "${SGLANG_API_KEY}", '"${SGLANG_API_KEY}"'),
-    ("secret_ref_in_text", "Bearer ${SGLANG_API_KEY}!", '"Bearer ${SGLANG_API_KEY}!"'),
-    ("secret_ref_twice", "${SGLANG_API_KEY}%${SGLANG_API_KEY}", '"${SGLANG_API_KEY}%%${SGLANG_API_KEY}"'),
+    # A user value is never substituted, not even the key's own reference: only the element the
+    # argv builder put after --api-key is (secret_positions, test_secret_reference_only_at_its_position).
+    ("secret_ref", "${SGLANG_API_KEY}", '"$${SGLANG_API_KEY}"'),
+    ("secret_ref_in_text", "Bearer ${SGLANG_API_KEY}!", '"Bearer $${SGLANG_API_KEY}!"'),
+    ("secret_ref_twice", "${SGLANG_API_KEY}%${SGLANG_API_KEY}", '"$${SGLANG_API_KEY}%%$${SGLANG_API_KEY}"'),
     ("secret_ref_unclosed", "${SGLANG_API_KEY", '"$${SGLANG_API_KEY"'),
     ("integer", 2048, '"2048"'),
     ("float", 0.88, '"0.88"'),
@@ -97,7 +99,7 @@ def test_exec_quote_joins_all_words_in_order():
 def test_exec_lines_keeps_flag_and_value_on_one_line():
     argv = ["/opt/v/bin/sglang", "serve", "--model-path", "/m", "--speculative-draft-window-size", "2048",
             "--trust-remote-code", "--api-key", "${SGLANG_API_KEY}"]
-    assert FILTERS["systemd_exec_lines"](argv) == (
+    assert FILTERS["systemd_exec_lines"](argv, secret_positions=[8]) == (
         '"/opt/v/bin/sglang" "serve" \\\n'
         '    "--model-path" "/m" \\\n'
         '    "--speculative-draft-window-size" "2048" \\\n'
@@ -108,11 +110,58 @@ def test_exec_lines_keeps_flag_and_value_on_one_line():
 
 def test_exec_quote_allow_env_is_an_explicit_list():
     assert FILTERS["systemd_exec_quote"](["/bin/x", "${HF_TOKEN}"]) == '"/bin/x" "$${HF_TOKEN}"'
-    allowed = FILTERS["systemd_exec_quote"](["/bin/x", "${HF_TOKEN}"], allow_env=["HF_TOKEN"])
-    assert allowed == '"/bin/x" "${HF_TOKEN}"'
-    assert FILTERS["systemd_exec_quote"](["/bin/x", "${SGLANG_API_KEY}"], allow_env=[]) == (
-        '"/bin/x" "$${SGLANG_API_KEY}"'
+    allowed = FILTERS["systemd_exec_quote"](
+        ["/bin/x", "${HF_TOKEN}"], allow_env=["HF_TOKEN"], secret_positions=[1]
     )
+    assert allowed == '"/bin/x" "${HF_TOKEN}"'
+    with pytest.raises(AnsibleFilterError, match=r"element 1: a secret position must hold exactly"):
+        FILTERS["systemd_exec_quote"](["/bin/x", "${SGLANG_API_KEY}"], allow_env=[], secret_positions=[1])
+
+
+def test_secret_reference_only_at_its_position():
+    """Issue 18: a user value holding ${SGLANG_API_KEY} (or any ${...}) was substituted by systemd,
+    so the served name (or any other value) became the API key. Only the element the argv builder
+    put after --api-key is a reference now; the same text anywhere else reaches SGLang literally."""
+    argv = ["/v/bin/sglang", "serve", "--served-model-name", "${SGLANG_API_KEY}",
+            "--api-key", "${SGLANG_API_KEY}", "--chat-template", "a${SGLANG_API_KEY}b${HOME}"]
+    assert FILTERS["systemd_exec_quote"](argv, secret_positions=[5]) == (
+        '"/v/bin/sglang" "serve" "--served-model-name" "$${SGLANG_API_KEY}" '
+        '"--api-key" "${SGLANG_API_KEY}" "--chat-template" "a$${SGLANG_API_KEY}b$${HOME}"'
+    )
+    # ... and without positions nothing is substituted at all.
+    assert "${SGLANG_API_KEY}" not in FILTERS["systemd_exec_quote"](argv).replace("$${", "")
+
+
+def test_the_role_chain_substitutes_only_the_api_key():
+    """sglang_argv's build (secret_positions) + the role's shift by the launcher + the filter: a served
+    name and an extra arg holding ${SGLANG_API_KEY} reach the process as typed (before issue 18 both
+    became the API key, and the verifier then reported the key as the running served name)."""
+    from ansible.module_utils.sglang_argv import build_command
+    from ansible.module_utils.sglang_options import select_profile
+
+    caps = json.loads((ROOT / "tests" / "fixtures" / "capabilities" / "sglang-0.5.23.json").read_text())
+    profile, errors = select_profile("upstream", {})
+    assert not errors
+    settings = {"model_path": "/srv/m", "served_model_name": "${SGLANG_API_KEY}", "api_key": True}
+    extra = [{"arg": "--chat-template", "value": "x${SGLANG_API_KEY}"}]
+    built = build_command(settings, caps, profile, extra, {"api_key": "SGLANG_API_KEY"})
+    assert [built["argv"][i - 1] for i in built["secret_positions"]] == ["--api-key"]
+    launcher = ["/opt/sglang/venv/bin/sglang", "serve"]
+    shifted = [i + len(launcher) for i in built["secret_positions"]]
+    line = FILTERS["systemd_exec_lines"](launcher + built["argv"], secret_positions=shifted)
+    assert '"--api-key" "${SGLANG_API_KEY}"' in line
+    assert '"--served-model-name" "$${SGLANG_API_KEY}"' in line
+    assert '"--chat-template" "x$${SGLANG_API_KEY}"' in line
+    assert line.replace("$${", "").count("${SGLANG_API_KEY}") == 1
+
+
+@pytest.mark.parametrize(
+    "positions", [[0], [9], ["3"], [True], "5"], ids=["launcher", "past", "str", "bool", "not-a-list"]
+)
+def test_secret_positions_must_be_argv_indexes(positions):
+    argv = ["/bin/x", "--api-key", "${SGLANG_API_KEY}"]
+    with pytest.raises(AnsibleFilterError, match="secret_positions"):
+        FILTERS["systemd_exec_quote"](argv, secret_positions=positions)
 
 
 @pytest.mark.parametrize("char", CONTROL_CHARS, ids=[f"U+{ord(c):04X}" for c in CONTROL_CHARS])
@@ -186,11 +235,11 @@ SECRET = 'k3y with spaces $HOME "q" \\ `x` %n ü'
 AWKWARD_ENV = {f"ESC_{c[0].upper()}": c[1] for c in ENV_CASES if isinstance(c[1], str)}
 
 
-def _unit_text(argv, env_path):
+def _unit_text(argv, env_path, secret_positions=()):
     return (
         "[Unit]\nDescription=escape probe\n\n[Service]\nType=simple\n"
         f"EnvironmentFile={env_path}\n"
-        f"ExecStart={FILTERS['systemd_exec_lines'](argv)}\n"
+        f"ExecStart={FILTERS['systemd_exec_lines'](argv, secret_positions=secret_positions)}\n"
     )
 
 
@@ -203,7 +252,8 @@ def test_systemd_analyze_verify_accepts_the_quoted_unit(tmp_path):
     env = tmp_path / "probe.env"
     env.write_text(_env_text(AWKWARD_ENV), encoding="utf-8")
     unit = tmp_path / "probe.service"
-    unit.write_text(_unit_text(LAUNCHER + AWKWARD_ARGV + ["${SGLANG_API_KEY}"], env), encoding="utf-8")
+    argv = LAUNCHER + AWKWARD_ARGV + ["--api-key", "${SGLANG_API_KEY}"]
+    unit.write_text(_unit_text(argv, env, [len(argv) - 1]), encoding="utf-8")
     proc = subprocess.run(
         ["systemd-analyze", "verify", "--recursive-errors=no", f"{unit}:escape-probe.service"],
         capture_output=True,
@@ -282,11 +332,12 @@ def test_systemd_runs_exactly_the_intended_argv_and_environment():
     env_path = f"/run/{name}.env"
     env = {**AWKWARD_ENV, "SGLANG_API_KEY": SECRET}
     argv = LAUNCHER + AWKWARD_ARGV + ["--api-key", "${SGLANG_API_KEY}", "x${SGLANG_API_KEY}y"]
+    secret_at = len(argv) - 2
     job = {
         "unit": f"{name}.service",
         "env_path": env_path,
         "env": _env_text(env),
-        "unit_text": _unit_text(argv, env_path),
+        "unit_text": _unit_text(argv, env_path, [secret_at]),
     }
     payload = base64.b64encode(json.dumps(job).encode()).decode()
     proc = subprocess.run(
@@ -298,7 +349,8 @@ def test_systemd_runs_exactly_the_intended_argv_and_environment():
     assert name not in out["verify"][1], out["verify"][1]
 
     cmdline = base64.b64decode(out["cmdline"]).decode("utf-8").split("\0")[:-1]
-    intended = [a.replace("${SGLANG_API_KEY}", SECRET) for a in argv]
+    # Substituted only at its position; the same text in user values arrives literally.
+    intended = [SECRET if i == secret_at else a for i, a in enumerate(argv)]
     assert cmdline == intended
 
     environ = dict(

@@ -9,9 +9,11 @@ exactly that element (systemd.service(5) "Command lines", systemd.unit(5)
 
 * ``\\`` -> ``\\\\`` and ``"`` -> ``\\"`` (C-style unescaping inside quotes),
 * ``%`` -> ``%%`` (specifier expansion),
-* ``$`` -> ``$$`` (environment variable substitution), EXCEPT the exact
-  references ``${NAME}`` for NAME in ``allow_env`` (default ``SGLANG_API_KEY``):
-  those are left for systemd to substitute from the EnvironmentFile, as one word.
+* ``$`` -> ``$$`` (environment variable substitution), EXCEPT an element at one of
+  ``secret_positions`` (indexes into argv) that is exactly ``${NAME}`` for NAME in
+  ``allow_env`` (default ``SGLANG_API_KEY``): that one is left for systemd to substitute
+  from the EnvironmentFile, as one word. Nowhere else: a user value that happens to
+  contain ``${SGLANG_API_KEY}`` reaches the process literally, never as the key.
 
 ``systemd_env_quote``: one value -> a double-quoted EnvironmentFile= value
 (``\\``, ``"``, `````` ` `````` and ``$`` backslash-escaped, which systemd's
@@ -84,17 +86,11 @@ def _describe(argv, index):
     return what
 
 
-def _escape_exec_word(word, allow_env):
-    out = []
-    position = 0
-    for match in _ENV_REF.finditer(word):
-        if match.group(1) not in allow_env:
-            continue
-        out.append(_escape_exec_plain(word[position:match.start()]))
-        out.append(match.group(0))
-        position = match.end()
-    out.append(_escape_exec_plain(word[position:]))
-    return '"' + "".join(out) + '"'
+def _escape_exec_word(word, secret_ref):
+    """One quoted word; ``secret_ref``: the element is a secret reference systemd must substitute."""
+    if secret_ref:
+        return '"' + word + '"'
+    return '"' + _escape_exec_plain(word) + '"'
 
 
 def _escape_exec_plain(text):
@@ -106,11 +102,14 @@ def _escape_exec_plain(text):
     )
 
 
-def systemd_exec_quote(argv, allow_env=_DEFAULT_ALLOW_ENV, separator=" "):
+def systemd_exec_quote(argv, allow_env=_DEFAULT_ALLOW_ENV, separator=" ", secret_positions=()):
     """Quote ``argv`` (a list) as one systemd ``ExecStart=`` command line.
 
     ``separator`` joins the words; pass ``" \\\\\\n    "`` style values to
     break lines (systemd joins a line ending in a backslash with the next).
+    ``secret_positions``: indexes of the elements that are secret references (``${NAME}``,
+    NAME in ``allow_env``), e.g. the value after ``--api-key`` (``secret_positions`` of
+    library/sglang_argv.py, shifted by the launcher); every other ``$`` is escaped.
     """
     if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
         raise AnsibleFilterError(
@@ -121,13 +120,20 @@ def systemd_exec_quote(argv, allow_env=_DEFAULT_ALLOW_ENV, separator=" "):
     if isinstance(allow_env, str):
         allow_env = (allow_env,)
     allow_env = frozenset(allow_env)
+    positions = _positions(secret_positions, len(argv))
     words = []
     for index, element in enumerate(argv):
         what = _describe(argv, index)
         text = _as_text(element, what)
         _check_controls(text, what)
         _check_utf8(text, what)
-        words.append(_escape_exec_word(text, allow_env))
+        match = _ENV_REF.fullmatch(text)
+        secret_ref = index in positions and match is not None and match.group(1) in allow_env
+        if index in positions and not secret_ref:
+            raise AnsibleFilterError(
+                f"{what}: a secret position must hold exactly ${{NAME}} for NAME in {sorted(allow_env)}"
+            )
+        words.append(_escape_exec_word(text, secret_ref))
     first = _as_text(argv[0], "ExecStart argv element 0")
     if not first.startswith("/"):
         raise AnsibleFilterError(
@@ -136,14 +142,29 @@ def systemd_exec_quote(argv, allow_env=_DEFAULT_ALLOW_ENV, separator=" "):
     return separator.join(words)
 
 
-def systemd_exec_lines(argv, allow_env=_DEFAULT_ALLOW_ENV, indent="    "):
+def _positions(secret_positions, length):
+    if secret_positions is None:
+        return frozenset()
+    if not isinstance(secret_positions, (list, tuple, set, frozenset)):
+        raise AnsibleFilterError("secret_positions must be a list of argv indexes")
+    out = set()
+    for position in secret_positions:
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 < position < length:
+            raise AnsibleFilterError(f"secret_positions: {position!r} is not an index of an argv element")
+        out.add(position)
+    return frozenset(out)
+
+
+def systemd_exec_lines(argv, allow_env=_DEFAULT_ALLOW_ENV, indent="    ", secret_positions=()):
     """Like systemd_exec_quote, one line per flag: a line break before every ``--`` element.
 
     The lines end in a backslash, which systemd's unit parser joins with the next line
     (replacing backslash + newline by a space), so ``"--flag" "value"`` pairs stay on one
     line and a changed flag shows as a one-line diff.
     """
-    words = systemd_exec_quote(argv, allow_env=allow_env, separator="\n").split("\n")
+    words = systemd_exec_quote(
+        argv, allow_env=allow_env, separator="\n", secret_positions=secret_positions
+    ).split("\n")
     lines = []
     for element, word in zip(argv, words):
         if lines and not str(element).startswith("--"):
