@@ -307,6 +307,31 @@ def check_environment(env):
     return errors
 
 
+def check_nccl(s):
+    """The GPU play's NCCL decision (nvidia_nccl_p2p_disable) owns NCCL_P2P_DISABLE in the service
+    environment (roles/sglang/vars/main.yml __sglang_nccl_environment); sglang_environment may not
+    contradict it."""
+    decision = s.get('nvidia_nccl_p2p_disable')
+    if decision is None:
+        return []
+    if isinstance(decision, str) and decision.lower() in ('true', 'false'):
+        decision = decision.lower() == 'true'
+    if not isinstance(decision, bool):
+        return [
+            f'nvidia_nccl_p2p_disable={shown(decision, 40)}: must be true or false (the NCCL peer-to-peer'
+            ' decision, docs/gpu-hosts.md)'
+        ]
+    user = s.get('sglang_environment')
+    value = user.get('NCCL_P2P_DISABLE') if isinstance(user, dict) else None
+    if value is None or (str(value) == '1') == decision:
+        return []
+    return [
+        f'sglang_environment.NCCL_P2P_DISABLE={shown(str(value), 20)} contradicts nvidia_nccl_p2p_disable:'
+        f' {str(decision).lower()}, which {"sets NCCL_P2P_DISABLE=1" if decision else "keeps NCCL P2P on"}'
+        ' in the service environment; remove it from sglang_environment (docs/gpu-hosts.md)'
+    ]
+
+
 def check_extra_args(extra):
     secret = [
         arg.split('=', 1)[0]
@@ -432,6 +457,7 @@ def check_settings(settings, int_settings, string_settings):
         + check_paths(s)
         + check_speculative(s)
         + check_environment(env)
+        + check_nccl(s)
         + check_extra_args(extra)
         + check_service(s)
         + check_install(s)

@@ -23,8 +23,9 @@ description:
     (DFLASH and DDTREE, C(WINDOW_HONOURED) in module_utils/sglang_options.py), and when this
     invocation's C(Initialized DFLASH draft runner) or C(Initialized DDTREE draft runner) line reports
     another C(draft_window_size) or no C(compact_cache).
-  - Knobs the build reads from the environment (O(expected_env), e.g. C(SGLANG_DDTREE_MAX_TOPK)) are
-    read from the RUNNING process, C(/proc/<MainPID>/environ) (root only), not from the env file.
+  - Knobs the build reads from the environment (O(expected_env), e.g. C(SGLANG_DDTREE_MAX_TOPK)) and the
+    variables the role sets for the host (C(NCCL_P2P_DISABLE=1) by the NCCL decision) are read from the
+    RUNNING process, C(/proc/<MainPID>/environ) (root only), not from the env file.
   - Read-only; runs fully in check mode. Secrets (O(api_key), O(secret_values), and every value
     of a secret key found in any source) never appear in the result (P13).
 version_added: "0.1.0"
@@ -73,7 +74,8 @@ options:
   expected_env:
     description:
       - Environment variable -> intended value, for knobs the build reads from the environment
-        (the C(env) return of M(sglang_argv)); compared with C(/proc/<MainPID>/environ).
+        (the C(env) return of M(sglang_argv)) and the host's NCCL decision; compared with
+        C(/proc/<MainPID>/environ).
     type: dict
     default: {}
   secret_values:

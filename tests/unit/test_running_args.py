@@ -422,6 +422,25 @@ def test_ddtree_wrong_env_topk_or_unreadable_environ_fails(monkeypatch, run):
     assert failed and 'cannot read /proc/949/environ: Permission denied (needs root)' in result['failures']
 
 
+def test_nccl_p2p_disable_is_read_from_the_running_process(monkeypatch, run, tmp_path):
+    """Issue 18, item 6: the role passes NCCL_P2P_DISABLE=1 in expected_env when the inventory decided
+    nvidia_nccl_p2p_disable: true (roles/sglang/vars/main.yml __sglang_expected_env); it is proven from
+    /proc/<MainPID>/environ of the running process, and a process started without it fails."""
+    environ = tmp_path / 'environ.bin'
+    environ.write_bytes((DD / 'environ.bin').read_bytes() + b'NCCL_P2P_DISABLE=1\0')
+    expected_env = {'SGLANG_DDTREE_MAX_TOPK': '4', 'NCCL_P2P_DISABLE': '1'}
+    ddtree_host(monkeypatch, environ=environ)
+    result, failed = run(ddtree_args(expected_env=expected_env))
+    assert not failed, result['msg']
+    assert result['summary']['NCCL_P2P_DISABLE'] == '1 (from /proc/949/environ)'
+    assert result['read_from']['NCCL_P2P_DISABLE'] == ['/proc/949/environ']
+    ddtree_host(monkeypatch)  # the recorded process: started without NCCL_P2P_DISABLE
+    result, failed = run(ddtree_args(expected_env=expected_env))
+    assert failed
+    assert 'NCCL_P2P_DISABLE: expected 1, not in the environment of MainPID 949 (/proc/949/environ)' in (
+        result['diff'])
+
+
 def test_ddtree_wrong_window_or_budget_is_caught_by_the_worker_lines(monkeypatch, run):
     ddtree_host(monkeypatch)
     result, failed = run(ddtree_args(expected=dict(DD_EXPECTED, speculative_draft_window_size=2048)))

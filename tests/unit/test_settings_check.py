@@ -156,6 +156,31 @@ def test_api_key_is_described_never_shown(settings):
     ]
 
 
+@pytest.mark.parametrize(
+    ('decision', 'value', 'error'),
+    [
+        (True, None, None),
+        (True, '1', None),
+        ('true', 1, None),
+        (False, '0', None),
+        (None, '1', None),  # no decision: sglang_environment is the operator's own
+        (True, '0', 'sglang_environment.NCCL_P2P_DISABLE="0" contradicts nvidia_nccl_p2p_disable: true,'
+                    ' which sets NCCL_P2P_DISABLE=1 in the service environment'),
+        (False, '1', 'sglang_environment.NCCL_P2P_DISABLE="1" contradicts nvidia_nccl_p2p_disable: false,'
+                     ' which keeps NCCL P2P on in the service environment'),
+        ('maybe', None, 'nvidia_nccl_p2p_disable="maybe": must be true or false'),
+    ],
+)
+def test_nccl_decision_owns_nccl_p2p_disable(settings, decision, value, error):
+    settings['nvidia_nccl_p2p_disable'] = decision
+    settings['sglang_environment'] = {} if value is None else {'NCCL_P2P_DISABLE': value}
+    found = errors(settings)
+    if error is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(error), found
+
+
 @pytest.mark.parametrize('key', [f'-{SENTINEL}', f'--{SENTINEL}', '-'])
 def test_api_key_starting_with_a_dash_is_refused_unseen(settings, key):
     """Issue 18: `--api-key -k...` makes SGLang's argparse exit 2 at start, yet every gate passed it
