@@ -271,10 +271,45 @@ def check_points(points, variables):
     return rejected
 
 
-def check_knobs(knobs):
-    """Every knob given (extra vars are strings) is an integer within the ONE set of bounds."""
-    errors = [OPTIONS.knob_error(name, value) for name, value in knobs.items()
-              if name in OPTIONS.KNOBS and value is not None]
+# Prefixes of this repository's variables (roles sglang, sglang_pull, model_weights, nvidia_driver,
+# cuda_toolkit; the GPU play's nvidia_*, the sweep's and gitops' playbook variables) and Ansible's own:
+# extra vars with them are never taken for a misspelt knob.
+KNOWN_VAR_PREFIXES = ('sglang_', 'sweep_', 'gitops_', 'nvidia_', 'cuda_', 'model_weights_', 'ansible_', '_')
+
+
+def extra_var_names(loader):
+    """The names given with -e/--extra-vars on THIS command line (key=value, JSON, YAML, @file), as
+    ansible-playbook parsed them (Ansible cannot tell an extra var from other variables afterwards)."""
+    from ansible.utils.vars import load_extra_vars
+
+    try:
+        return [str(name) for name in load_extra_vars(loader)]
+    except Exception:  # ansible-playbook itself has already refused a broken -e
+        return []
+
+
+def check_extra_var_names(names):
+    """An extra var that is no known variable but close to a knob (``windw``, ``window_size``) is a
+    misspelt knob: Ansible would ignore it and deploy without the change."""
+    errors = []
+    for name in names:
+        if name in OPTIONS.KNOB_NAMES or name.startswith(KNOWN_VAR_PREFIXES):
+            continue
+        knob = OPTIONS.misspelt_knob(name)
+        if knob:
+            errors.append(
+                f"{name}: not a knob; did you mean {knob}? (the knobs: {', '.join(OPTIONS.KNOB_NAMES)};"
+                ' nothing was deployed)'
+            )
+    return errors
+
+
+def check_knobs(knobs, extra_names=()):
+    """Every knob given (extra vars are strings) is an integer within the ONE set of bounds, and no
+    extra var is a misspelt knob (``extra_names``: the names given with -e)."""
+    errors = check_extra_var_names(extra_names)
+    errors += [OPTIONS.knob_error(name, value) for name, value in knobs.items()
+               if name in OPTIONS.KNOBS and value is not None]
     algo = knobs.get('algorithm')
     if algo is not None and not re.match(r'^[A-Za-z][A-Za-z0-9_]{0,31}$', str(algo)):
         errors.append(
@@ -475,7 +510,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars or {})
         args = self._task.args
         if 'knobs' in args:  # the command-line knobs (-e window=2048), bounds from sglang_options.KNOBS
-            errors = check_knobs(args['knobs'] or {})
+            errors = check_knobs(args['knobs'] or {}, extra_var_names(self._loader))
             result.update(changed=False, failed=bool(errors), errors=errors,
                           msg=' | '.join(errors) if errors else 'all knobs are valid')
             return result

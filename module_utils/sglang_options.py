@@ -19,6 +19,7 @@ as ``ansible.module_utils.sglang_options``). Errors are ``ValueError`` naming th
 
 from __future__ import annotations
 
+import difflib
 import re
 
 # ------------------------------------------------------------------------------ canonical keys
@@ -238,6 +239,36 @@ def knob_error(knob, raw):
         return None
     shown = text if len(text) <= 40 else text[:37] + '...'
     return f'{knob}={shown!r}: must be an integer from {low} to {high} ({what}), e.g. -e {knob}={example}'
+
+
+# Every short name an operator types with -e (the integer knobs and the algorithm).
+KNOB_NAMES = (*KNOBS, 'algorithm')
+
+
+def misspelt_knob(name):
+    """The knob that the variable ``name`` (not itself a knob) most likely misspells, else None.
+
+    Close spellings (``windw``, ``top_k``, ``Window``), abbreviations of at least three letters
+    (``algo``, ``win``) and names holding a knob as a word (``window_size``, ``num_steps``,
+    ``tree_budget``) count; anything else is not taken for a knob.
+    """
+    text = str(name).strip().lower().replace('-', '_')
+    if not text or name in KNOB_NAMES:
+        return None
+    if text in KNOB_NAMES:
+        return text
+    close = difflib.get_close_matches(text, KNOB_NAMES, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    for knob in KNOB_NAMES:
+        if len(text) >= 3 and knob.startswith(text):
+            return knob
+    parts = [p for p in text.split('_') if p]
+    for knob in KNOB_NAMES:
+        words = knob.split('_')
+        if any(parts[i:i + len(words)] == words for i in range(len(parts) - len(words) + 1)):
+            return knob
+    return None
 
 
 # ------------------------------------------------------------------------------ build profiles
