@@ -28,6 +28,7 @@ description:
     RUNNING process, C(/proc/<MainPID>/environ) (root only), not from the env file.
   - Read-only; runs fully in check mode. Secrets (O(api_key), O(secret_values), and every value
     of a secret key found in any source) never appear in the result (P13).
+  - The property codes (P2, P3, P13) are defined in C(docs/properties.md).
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:

@@ -31,6 +31,7 @@ description:
     this and prints progress).
   - With I(restart=false) and no I(baseline), verifies the invocation that is running now (no restart,
     C(changed=false)); use it to prove a deploy that changed nothing.
+  - The property codes (P1 ... P17) in this text and in its messages are defined in C(docs/properties.md).
 version_added: "1.0.0"
 author:
   - sglang-deploy authors
@@ -736,7 +737,7 @@ class Verifier:
             self.listener = {k: foreign[0][k] for k in ("pid", "pids", "cgroup", "address", "in_cgroup")}
             self.fail(
                 self.foreign_text(foreign) + " It answers on the port instead of invocation "
-                f"{b['invocation_id']} (P4)."
+                f"{b['invocation_id']} (P4), see docs/properties.md."
             )
         ours = [entry for entry in found if entry["in_cgroup"]]
         if ours:
@@ -757,7 +758,8 @@ class Verifier:
             self.fail(
                 f"{self.p['unit']}: processes older than invocation {b['invocation_id']} (main process "
                 f"started {b['start_us'] / 1e6:.3f} s) are still in its cgroup {b['control_group']}: {desc}. "
-                "They survived the restart (KillMode=process or a double fork?) and may hold GPUs (P14).",
+                "They survived the restart (KillMode=process or a double fork?) and may hold GPUs (P14),"
+                " see docs/properties.md.",
                 orphans=older,
             )
 
@@ -965,7 +967,8 @@ def main():
         files = " ".join(p for p in (props.get("FragmentPath"), props.get("DropInPaths")) if p)
         problems.append(
             f"{unit}: NeedDaemonReload=yes - the unit file(s) {files} changed on disk since systemd loaded "
-            "them; a restart would run the OLD definition. Run systemctl daemon-reload first (P7)"
+            "them; a restart would run the OLD definition. Run systemctl daemon-reload first (P7), see "
+            "docs/properties.md"
         )
     if params["restart"]:
         active = props.get("ActiveState")

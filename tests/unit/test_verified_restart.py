@@ -242,6 +242,7 @@ def test_stale_process_outside_the_cgroup_is_named(monkeypatch):
         "pid 373 ('/usr/bin/python3 /opt/vrtest/server.py', cgroup /system.slice/ssh.service)" in res["msg"]
     )
     assert "OUTSIDE the unit" in res["msg"] and res["listener"]["in_cgroup"] is False
+    assert "(P4), see docs/properties.md." in res["msg"]
     assert res["timings"]["ready"] is None
 
 
@@ -249,7 +250,7 @@ def test_processes_older_than_the_invocation_fail_p14(monkeypatch):
     replay = Replay("orphan-restart.jsonl")
     replay.ready_at_us = replay.request_us + 1_000_000
     res = run(monkeypatch, replay, {"unit": "vr-orphan", "port": 18007}, tree="orphan")
-    assert res["failed"] and "P14" in res["msg"]
+    assert res["failed"] and "(P14), see docs/properties.md." in res["msg"]
     assert sorted(o["pid"] for o in res["orphans"]) == [410, 417]
     assert res["orphans"][0]["cmdline"] == ["/usr/bin/sleep", "1000"]
     assert res["main_pid"] == 609
@@ -319,6 +320,8 @@ def test_p7_refuses_before_restarting(monkeypatch, fixture, needle):
     res = run(monkeypatch, replay, {"unit": "vr-reload", "port": 18005})
     assert res["failed"] and needle in res["msg"] and res["restarted"] is False
     assert [c[0] for c in replay.commands] == ["show"]
+    if needle == "NeedDaemonReload=yes":
+        assert "daemon-reload first (P7), see docs/properties.md" in res["msg"]
 
 
 def test_check_mode_reports_a_restart_and_does_nothing(monkeypatch):
