@@ -136,7 +136,8 @@ def test_real_venv_dump_and_fast_cache_hit(run_module, tmp_path):
     again, _ = run_module('sglang_capabilities', args)
     elapsed = time.monotonic() - start
     assert again['cached'] is True
-    assert elapsed < 0.3, f'cache hit took {elapsed:.2f} s'
+    # a miss imports torch + SGLang (~10 s here); a hit reads one JSON file (0.1-0.5 s under load)
+    assert elapsed < 2.0, f'cache hit took {elapsed:.2f} s'
 
 
 def test_argv_module_discovers_the_flags_on_the_host(run_module, fake_python, tmp_path, calls):

@@ -1,0 +1,74 @@
+#!/usr/bin/python
+# Copyright: contributors to this repository
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Documentation of the controller-side action plugin action_plugins/sglang_settings_check.py."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_settings_check
+short_description: Check the sglang role's settings, the command-line knobs or sweep points on the controller
+description:
+  - An action plugin (action_plugins/sglang_settings_check.py) that never reaches a host. Every rule is
+    evaluated and the task fails with all broken ones, each sentence naming the setting; secret values
+    are never shown.
+  - "Three modes, by option: O(settings) (the role's rules that meta/argument_specs.yml cannot express:
+    ranges, newlines, cross-field rules and what the selected build profile refuses), O(knobs) (the
+    short command-line knobs against the one set of bounds of module_utils/sglang_options.py) and
+    O(points) (which sweep points the host's build cannot honour)."
+version_added: "0.1.0"
+author: sglang-deploy contributors
+options:
+  settings:
+    description: The role's variables by name (sglang_*), plus C(environment) and C(cache_paths).
+    type: dict
+  int_settings:
+    description:
+      - With O(settings), the integer variables as C({name, min, max, nullable}); the speculative ones
+        take their bounds from module_utils/sglang_options.py.
+    type: list
+    elements: dict
+  string_settings:
+    description:
+      - With O(settings), the string variables that end up in the unit, the env file or a pip command line.
+    type: list
+    elements: str
+  knobs:
+    description:
+      - The command-line knobs given (C(window), C(budget), C(topk), C(steps), C(draft_tokens),
+        C(algorithm)) -> value.
+    type: dict
+  points:
+    description: Sweep points (C({name, settings})) to judge against the build profile.
+    type: list
+    elements: dict
+  variables:
+    description: With O(points), the host's own values of what a build profile judges.
+    type: dict
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Check the command-line knobs
+  sglang_settings_check:
+    knobs:
+      window: "4096"
+'''
+
+RETURN = r'''
+errors:
+  description: Every broken rule, one sentence each, naming the setting.
+  returned: always
+  type: list
+  elements: str
+  sample: ["budget='0': must be an integer from 1 to 4096 (DDTree tree budget in tokens), e.g. -e budget=64"]
+rejected:
+  description: With O(points), point name -> why the build cannot honour it.
+  returned: with points
+  type: dict
+'''
