@@ -15,13 +15,17 @@ description:
     are never shown.
   - "Three modes, by option: O(settings) (the role's rules that meta/argument_specs.yml cannot express:
     ranges, newlines, cross-field rules and what the selected build profile refuses), O(knobs) (the
-    short command-line knobs against the one set of bounds of module_utils/sglang_options.py) and
-    O(points) (which sweep points the host's build cannot honour)."
+    short command-line knobs against the one set of bounds of module_utils/sglang_options.py, and the
+    names given with -e on the command line - a name that is no variable of this repository but close
+    to a knob is refused, e.g. C(windw: not a knob; did you mean window?)) and O(points) (which sweep
+    points the host's build cannot honour)."
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
   settings:
-    description: The role's variables by name (sglang_*), plus C(environment) and C(cache_paths).
+    description:
+      - The role's variables by name (sglang_*), plus C(environment), C(cache_paths) and the NCCL decision
+        C(nvidia_nccl_p2p_disable) (C(sglang_environment) may not contradict it).
     type: dict
   int_settings:
     description:
