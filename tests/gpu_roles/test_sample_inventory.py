@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import textwrap
@@ -211,8 +212,10 @@ def sample_lab(tmp_path_factory):
     # A host left over from an interrupted run of this test is not fresh: stop it first (only hosts
     # of this inventory; a lab{INDEX} up for another inventory makes `labctl up` refuse, by name).
     run([*labctl, 'down', '--inventory', str(INVENTORY)], check=False, timeout=300)
-    up = run([*labctl, 'up', '--hosts', '1', '--first-index', str(INDEX), '--inventory', str(INVENTORY)],
-             check=False, timeout=900)
+    # --no-sglang-layer: this host installs SGLang from the wheelhouse THROUGH THE ROLE, the one lab
+    # test of the fresh install (make integration boots its other hosts with the layer: SGLANG_LAB_LAYER).
+    up = run([*labctl, 'up', '--no-sglang-layer', '--hosts', '1', '--first-index', str(INDEX),
+              '--inventory', str(INVENTORY)], check=False, timeout=900)
     try:
         assert up.returncode == 0, f'labctl up failed: {up.stdout[-1000:]}{up.stderr[-2000:]}'
         # No route out: the Debian mirror source would make every `apt update` fail.
@@ -256,6 +259,9 @@ def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
     assert 'GPU check DISABLED' in flat
     assert 'nvidia_driver SKIPPED' not in flat, 'the sample enables the driver role'
     assert 'initramfs rebuild SKIPPED: this host is a container' in flat
+    # The fresh install of the suite: SGLang came from the pushed wheelhouse, through the role.
+    installed = r'TASK \[sglang : Install SGLang from the wheelhouse, version [^\]]+\][^\n]*\nchanged: '
+    assert re.search(installed, first), 'no wheelhouse install by the role on this fresh host'
 
     facts = host_facts(sample['sglang_port'])
     # Driver packages: installed at the pinned version and held; the toolkit installed, not held.

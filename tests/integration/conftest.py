@@ -3,10 +3,15 @@
 Fixtures:
   lab_inventory  path of an inventory INSIDE inventory/lab/ (so inventory/lab/group_vars apply) with one
                  host in gpu_nodes on which `deploy.yml -e window=2048` has just succeeded.
-                 LAB_REUSE_INVENTORY=<path> reuses running hosts (left running at the end); otherwise
-                 `lab/labctl up --first-index $LAB_IT_INDEX (default 100)` starts one, written to
-                 inventory/lab/it-<index>.yml, and `labctl down` stops it at session end.
+                 LAB_REUSE_INVENTORY=<path> reuses running hosts (left running at the end; serial runs
+                 only); otherwise `lab/labctl up --sglang-layer --first-index $LAB_IT_INDEX (default 100)`
+                 starts one, written to inventory/lab/it-<index>.yml, and `labctl down` stops it at session
+                 end. Under pytest-xdist each worker has its own host: index LAB_IT_INDEX + N for worker gwN.
+                 The host boots with the SGLang layer (lab/labctl: SGLang installed as the role installs it),
+                 so its first deploy installs nothing; the fresh install through the role is covered by
+                 tests/gpu_roles/test_sample_inventory.py (and the incremental one by test_role_convergence).
   lab_host       a LabHost for that inventory: ssh(), playbook(), state(), history().
+test_sweep.py and test_gitops.py use the same host (fixture lab_inventory).
 
 Tests that change the host restore the baseline with LabHost.restore_baseline() before they end, so the
 next test (of any file) starts from the deployed window-2048 configuration.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -38,6 +44,8 @@ UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"
 HISTORY_PATH = "/var/lib/sglang-deploy/history.jsonl"
 BASELINE_WINDOW = 2048
+# deploy.yml's last play, the one that deploys SGLang (knobs mapped, then the sglang role).
+SGLANG_PLAYBOOK = "playbooks/sglang.yml"
 
 # Restarts in these tests wait for a short stability window (the role default is 30 s); the crash
 # that rollback tests inject happens well inside it. JSON extra vars keep the integer an integer.
@@ -155,7 +163,7 @@ class LabHost:
         return [part.decode("utf-8") for part in raw.split(b"\0")[:-1]]
 
     # -- baseline ----------------------------------------------------------------------------------
-    def deploy_baseline(self, fast: bool = False) -> subprocess.CompletedProcess:
+    def deploy_baseline(self, fast: bool = False, layer: bool = False) -> subprocess.CompletedProcess:
         r = self.playbook("-e", f"window={BASELINE_WINDOW}", extra=FAST_VERIFY if fast else None)
         if r.returncode != 0:
             raise AssertionError(
@@ -163,11 +171,31 @@ class LabHost:
                 + r.stdout[-6000:]
                 + r.stderr[-2000:]
             )
+        if layer:
+            # The layer exists to spare this install: if the role installs anyway, the layer no longer
+            # matches what the role wants (lab/labctl sglang_layer_spec), and every run pays minutes.
+            task = r"TASK \[sglang : Install SGLang into the virtualenv\][^\n]*\n(\w+):"
+            installed = re.search(task, r.stdout)
+            if installed and installed.group(1) != "skipping":
+                raise AssertionError(
+                    f"{self.name} boots with the SGLang layer, yet the role installed SGLang: the layer no "
+                    f"longer matches the role's install (lab/labctl sglang_layer_spec)\n{r.stdout[-6000:]}"
+                )
         return r
 
     def restore_baseline(self) -> None:
-        """Deploy the baseline again (a no-change run when nothing drifted)."""
-        self.deploy_baseline(fast=True)
+        """Deploy the baseline again (a no-change run when nothing drifted).
+
+        Only the play that deploys SGLang (playbooks/sglang.yml, the last play of deploy.yml): the knob is
+        valid, the GPU play is off on lab hosts and the weights play only reads the tiny checkpoints,
+        so the other three plays would change nothing here; each ansible-playbook run spares them."""
+        r = self.playbook("-e", f"window={BASELINE_WINDOW}", extra=FAST_VERIFY, playbook=SGLANG_PLAYBOOK)
+        if r.returncode != 0:
+            raise AssertionError(
+                f"baseline restore (window={BASELINE_WINDOW}) on {self.name} failed, rc {r.returncode}:\n"
+                + r.stdout[-6000:]
+                + r.stderr[-2000:]
+            )
 
 
 # One shell round trip that reads everything HostState compares (also run by generated playbooks).
@@ -205,9 +233,20 @@ def _prerequisites() -> str | None:
     return None
 
 
+def xdist_worker_number() -> int:
+    """N of pytest-xdist worker gwN (0 without xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
 @pytest.fixture(scope="session")
 def lab_inventory():
     reuse = os.environ.get("LAB_REUSE_INVENTORY")
+    if reuse and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail(
+            f"LAB_REUSE_INVENTORY={reuse} with pytest-xdist: every worker would deploy to the same host at "
+            "once; run serially (no -n) or leave LAB_REUSE_INVENTORY unset (each worker starts its own host)"
+        )
     if reuse:
         path = Path(reuse).resolve()
         if LAB_INVENTORY_DIR.resolve() not in path.parents:
@@ -223,15 +262,25 @@ def lab_inventory():
         pytest.skip(missing)
     if not any(WHEELHOUSE.glob("sglang-*.whl")):
         pytest.fail(f"no sglang wheel in {WHEELHOUSE}: run `make wheelhouse` first")
-    index = int(os.environ.get("LAB_IT_INDEX", "100"))
+    index = int(os.environ.get("LAB_IT_INDEX", "100")) + xdist_worker_number()
     path = LAB_INVENTORY_DIR / f"it-{index}.yml"
     subprocess.run(
-        [str(LABCTL), "up", "--hosts", "1", "--first-index", str(index), "--inventory", str(path)],
+        [
+            str(LABCTL),
+            "up",
+            "--sglang-layer",
+            "--hosts",
+            "1",
+            "--first-index",
+            str(index),
+            "--inventory",
+            str(path),
+        ],
         check=True,
         cwd=REPO,
     )
     try:
-        LabHost(path).deploy_baseline()
+        LabHost(path).deploy_baseline(layer=True)
         yield path
     finally:
         subprocess.run([str(LABCTL), "down", "--inventory", str(path)], check=False, cwd=REPO)

@@ -17,8 +17,9 @@ One lab host (systemd-nspawn, SSH) for every case, in file order:
      4096, verified), the next run does nothing (same InvocationID), an unsigned commit is refused;
   6. the workflow files pass actionlint and zizmor.
 
-Host: LAB_REUSE_INVENTORY=<inventory inside inventory/lab/> uses a running host (restored to the window
-2048 baseline and left running); otherwise `lab/labctl up --first-index $GITOPS_LAB_INDEX` (default 120).
+Host: the shared, deployed lab host of tests/integration/conftest.py (fixture lab_inventory: one per
+pytest-xdist worker, or LAB_REUSE_INVENTORY=<inventory inside inventory/lab/>), restored to the window 2048
+baseline at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import fcntl
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -39,13 +39,10 @@ import yaml
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-LAB_INVENTORY_DIR = REPO / "inventory" / "lab"
-LABCTL = REPO / "lab" / "labctl"
 VENV_BIN = REPO / ".venv" / "bin"
 TOOLS = REPO / "tools" / "gitops"
 WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
 DEB_CACHE = Path(os.environ.get("GITOPS_DEB_CACHE", "/var/cache/sglang-lab/debs-git"))
-INDEX = int(os.environ.get("GITOPS_LAB_INDEX", "120"))
 UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"
 SECRET_A = "sentinel-gitops-key-A-5c1f9e"
@@ -118,44 +115,31 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def host():
-    reuse = os.environ.get("LAB_REUSE_INVENTORY")
-    if reuse:
-        path = Path(reuse).resolve()
-        if LAB_INVENTORY_DIR.resolve() not in path.parents:
-            pytest.fail(
-                f"LAB_REUSE_INVENTORY={reuse}: must be inside {LAB_INVENTORY_DIR} (its group_vars apply)"
-            )
-        h = Host(path)
-        yield h
-        cleanup_pull(h)
-        # Back to the baseline the other lab tests expect: window 2048, no API key.
-        run(
-            [
-                VENV_BIN / "ansible-playbook",
-                "-i",
-                path,
-                "--limit",
-                f"{h.name},localhost",
-                "deploy.yml",
-                "-e",
-                "window=2048",
-                "-e",
-                json.dumps({"sglang_stable_seconds": 6, "sglang_health_count": 2}),
-            ],
-            env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
-        )
-        return
-    if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
-        pytest.skip("lab hosts need root and systemd-nspawn (make deps)")
+def host(lab_inventory):
+    """The shared, deployed lab host of tests/integration/conftest.py (one per pytest-xdist worker).
+
+    Left as the other tests expect it: pull mode removed, the window 2048 baseline deployed again."""
     if not any(WHEELHOUSE.glob("sglang-*.whl")) or not (WHEELHOUSE / "ansible-core").is_dir():
         pytest.fail(f"no complete wheelhouse in {WHEELHOUSE} (sglang, ansible-core/): run `make wheelhouse`")
-    path = LAB_INVENTORY_DIR / f"gitops{INDEX}.yml"
-    run([LABCTL, "up", "--hosts", "1", "--first-index", INDEX, "--inventory", path], timeout=600)
-    try:
-        yield Host(path)
-    finally:
-        run([LABCTL, "down", "--inventory", path], check=False, timeout=600)
+    h = Host(Path(lab_inventory))
+    yield h
+    cleanup_pull(h)
+    # Back to the baseline the other lab tests expect: window 2048, no API key.
+    run(
+        [
+            VENV_BIN / "ansible-playbook",
+            "-i",
+            h.inventory,
+            "--limit",
+            f"{h.name},localhost",
+            "deploy.yml",
+            "-e",
+            "window=2048",
+            "-e",
+            json.dumps({"sglang_stable_seconds": 6, "sglang_health_count": 2}),
+        ],
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
+    )
 
 
 def cleanup_pull(h: Host) -> None:

@@ -6,8 +6,8 @@ configuration back at the end, and the report (table, CSV, plots) checked agains
 recorded points. The seed's DDTree sweep (the playbook's example) is planned controller-only in
 tests/unit/test_sweep_points.py.
 
-Host: LAB_REUSE_INVENTORY=<inventory/lab/...yml> reuses a running, deployed host; otherwise
-`lab/labctl up --first-index $LAB_SWEEP_INDEX` (default 110) starts one for this module and stops it.
+Host: the shared, deployed lab host of tests/integration/conftest.py (fixture lab_inventory: one per
+pytest-xdist worker, or LAB_REUSE_INVENTORY=<inventory/lab/...yml>); the sweep restores its configuration.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
-LABCTL = REPO / "lab" / "labctl"
-INVENTORY_DIR = REPO / "inventory" / "lab"
 WINDOWS, DRAFT_TOKENS = [1024, 4096], [8, 16]
 FAST_VERIFY = {"sglang_stable_seconds": 2, "sglang_health_count": 1}
 BENCH = {"num_prompts": 8, "input_len": 64, "output_len": 32, "max_concurrency": 4, "warmup_requests": 1}
@@ -92,35 +90,19 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def host():
-    reuse = os.environ.get("LAB_REUSE_INVENTORY")
-    if reuse:
-        inventory, started = Path(reuse).resolve(), False
-    else:
-        if os.geteuid() != 0 or not PLAYBOOK.exists():
-            pytest.skip("lab hosts need root and the controller toolchain (make venv)")
-        index = int(os.environ.get("LAB_SWEEP_INDEX", "110"))
-        inventory, started = INVENTORY_DIR / f"sweep-{index}.yml", True
-        subprocess.run(
-            [str(LABCTL), "up", "--hosts", "1", "--first-index", str(index), "--inventory", str(inventory)],
-            check=True,
-            cwd=REPO,
-        )
-    try:
-        h = Host(inventory)
-        r = subprocess.run(
-            h.argv("deploy.yml", FAST_VERIFY),
-            cwd=REPO,
-            env=env(),
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        assert r.returncode == 0, f"baseline deploy failed:\n{r.stdout[-5000:]}\n{r.stderr[-2000:]}"
-        yield h
-    finally:
-        if started:
-            subprocess.run([str(LABCTL), "down", "--inventory", str(inventory)], check=False, cwd=REPO)
+def host(lab_inventory):
+    """The shared, deployed lab host of tests/integration/conftest.py (one per pytest-xdist worker)."""
+    h = Host(lab_inventory)
+    r = subprocess.run(
+        h.argv("deploy.yml", FAST_VERIFY),
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert r.returncode == 0, f"baseline deploy failed:\n{r.stdout[-5000:]}\n{r.stderr[-2000:]}"
+    return h
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,37 @@
+"""Suite-wide: the order in which pytest-xdist hands out the lab test files (`make integration`).
+
+`make integration` runs the lab tests on pytest-xdist workers with `--dist loadfile
+--no-loadscope-reorder`: each test FILE runs whole on one worker (its module fixtures own a lab host;
+tests/integration/conftest.py gives every worker its own shared host), and the files are handed out in
+collection order as workers become free. Longest first keeps the workers finishing together, so the
+files below are moved to the front, longest first. The seconds are measured (`pytest --durations`, setup
++ call + teardown summed per file, bench/suite_durations.py) on the 2-core machine, SGLang layer cached,
+the first file of a worker to use the shared host paying its deploy; they only steer the order, never
+which tests run. A file not listed keeps its place after the listed ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Wall seconds of each lab test file on one worker (its fixtures' lab hosts and deploys included).
+LAB_FILE_SECONDS = {
+    "tests/integration/test_sweep.py": 650,
+    "tests/integration/test_gitops.py": 370,
+    "tests/gpu_roles/test_sample_inventory.py": 340,
+    "tests/integration/test_role_convergence.py": 300,
+    "tests/integration/test_rollback_and_check.py": 220,
+    "tests/gpu_roles/test_gpu_roles.py": 140,
+    "tests/weights/test_weights_lab.py": 130,
+    "tests/integration/test_bad_inputs.py": 120,
+    "tests/integration/test_ddtree.py": 90,
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    def cost(item) -> int:
+        return -LAB_FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0)
+
+    # Stable: the order inside a file, and of the files not listed, stays as collected.
+    items.sort(key=cost)
