@@ -38,7 +38,11 @@ def state(host) -> dict:
 
 
 def deploy(host, *knobs, extra=None):
-    return host.playbook("-e", DDTREE, *[arg for knob in knobs for arg in ("-e", knob)], extra=extra)
+    """deploy.yml with the DDTree vars file, then the knobs and ``extra`` (later -e wins, so after the file)."""
+    args = ["-e", DDTREE, *[arg for knob in knobs for arg in ("-e", knob)]]
+    if extra:
+        args += ["-e", json.dumps(extra)]
+    return host.playbook(*args)
 
 
 @pytest.fixture(scope="module")
