@@ -38,7 +38,7 @@ def state(host) -> dict:
 
 
 def deploy(host, *knobs, extra=None):
-    """deploy.yml with the DDTree vars file, then the knobs and ``extra`` (later -e wins, so after the file)."""
+    """deploy.yml with the DDTree vars file, then the knobs and ``extra`` (later -e wins: after the file)."""
     args = ["-e", DDTREE, *[arg for knob in knobs for arg in ("-e", knob)]]
     if extra:
         args += ["-e", json.dumps(extra)]
