@@ -110,17 +110,31 @@ lab-server: venv sglang-venv
 lab-tooling: deps venv
 	$(BIN)/pytest -q $(LAB_TOOLING_TESTS)
 
-# One shared lab host (lab100) carries every integration test that needs SGLang deployed;
-# the tests of the GPU roles and the weights bring up small hosts of their own.
+# The lab tests on IT_WORKERS pytest-xdist workers, one test file at a time per worker, longest first
+# (tests/conftest.py). The files that share a deployed host (fixture lab_host) get one per worker
+# (lab100 + N, tests/integration/conftest.py); the others bring up hosts of their own. SGLANG_LAB_LAYER=1:
+# hosts boot with SGLang already installed (labctl up --sglang-layer; built once, cached) - all but
+# tests/gpu_roles/test_sample_inventory.py, which installs it through the role. lab99 is the plain
+# systemd host of the tests that only need one (SGLANG_LAB_INVENTORY).
 IT_INVENTORY := inventory/lab/it.yml
+IT_WORKERS ?= 2
 integration: deps venv wheelhouse replay
-	lab/labctl up --hosts 1 --first-index 100 --inventory $(IT_INVENTORY)
-	rc=0; LAB_REUSE_INVENTORY=$(CURDIR)/$(IT_INVENTORY) SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
-	  $(BIN)/pytest -q $(INTEGRATION_TESTS) || rc=$$?; \
+	lab/labctl up --no-sglang-layer --hosts 1 --first-index 99 --inventory $(IT_INVENTORY)
+	rc=0; SGLANG_LAB_LAYER=1 SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
+	  $(BIN)/pytest -q -n $(IT_WORKERS) --dist loadfile --no-loadscope-reorder $(INTEGRATION_TESTS) || rc=$$?; \
 	  lab/labctl down --inventory $(IT_INVENTORY); exit $$rc
 
+# Every scenario but the excluded ones, each `molecule test -s` in its own process at the same time (each
+# has its own lab host, booted with the SGLang layer; molecule's --workers needs a collection layout).
+# Logs in .lab/molecule/<scenario>.log, printed when all are done; fails if any scenario failed.
+MOLECULE_SCENARIOS = $(filter-out $(MOLECULE_EXCLUDE),$(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 molecule: deps venv wheelhouse
-	cd molecule/.. && $(BIN)/molecule test --all $(addprefix --exclude ,$(MOLECULE_EXCLUDE))
+	mkdir -p .lab/molecule
+	pids=""; for s in $(MOLECULE_SCENARIOS); do \
+	  $(BIN)/molecule test -s $$s > .lab/molecule/$$s.log 2>&1 & pids="$$pids $$!:$$s"; done; \
+	rc=0; failed=""; for p in $$pids; do wait $${p%%:*} || { rc=1; failed="$$failed $${p#*:}"; }; done; \
+	for s in $(MOLECULE_SCENARIOS); do cat .lab/molecule/$$s.log; done; \
+	if [ $$rc -ne 0 ]; then echo "molecule scenarios FAILED:$$failed (logs in .lab/molecule/)"; fi; exit $$rc
 
 test: check lab-server lab-tooling integration molecule
 
