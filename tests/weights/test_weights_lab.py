@@ -39,20 +39,23 @@ SHARD2 = "model-00002-of-00002.safetensors"
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory):
+def inventory():
     given = os.environ.get("WEIGHTS_LAB_INVENTORY") or os.environ.get("LAB_REUSE_INVENTORY")
     if given:
         yield Path(given)
         return
     if os.geteuid() != 0 or not LABCTL.exists() or not shutil.which("systemd-nspawn"):
         pytest.skip("lab hosts need root, lab/labctl and systemd-nspawn")
-    path = tmp_path_factory.mktemp("weights-lab") / "hosts.yml"
-    subprocess.run(
-        [str(LABCTL), "up", "--hosts", "1", "--first-index", "80", "--inventory", str(path)],
-        check=True,
-        cwd=REPO,
-    )
+    # A fixed path: a host an interrupted run of this test left behind is stopped first (only hosts of
+    # this inventory), and a failed `up` is cleaned up too.
+    path = REPO / ".lab" / "weights-lab" / "hosts.yml"
+    subprocess.run([str(LABCTL), "down", "--inventory", str(path)], check=False, cwd=REPO)
     try:
+        subprocess.run(
+            [str(LABCTL), "up", "--hosts", "1", "--first-index", "80", "--inventory", str(path)],
+            check=True,
+            cwd=REPO,
+        )
         yield path
     finally:
         subprocess.run([str(LABCTL), "down", "--inventory", str(path)], check=True, cwd=REPO)
