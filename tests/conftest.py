@@ -16,15 +16,16 @@ import pytest
 
 # Wall seconds of each lab test file on one worker (its fixtures' lab hosts and deploys included).
 LAB_FILE_SECONDS = {
-    "tests/integration/test_sweep.py": 650,
-    "tests/integration/test_gitops.py": 370,
-    "tests/gpu_roles/test_sample_inventory.py": 340,
-    "tests/integration/test_role_convergence.py": 300,
-    "tests/integration/test_rollback_and_check.py": 220,
-    "tests/gpu_roles/test_gpu_roles.py": 140,
-    "tests/weights/test_weights_lab.py": 130,
-    "tests/integration/test_bad_inputs.py": 120,
-    "tests/integration/test_ddtree.py": 90,
+    "tests/integration/test_sweep.py": 265,
+    "tests/integration/test_gitops.py": 210,
+    "tests/gpu_roles/test_sample_inventory.py": 180,
+    "tests/integration/test_role_convergence.py": 130,
+    "tests/integration/test_rollback_and_check.py": 105,
+    "tests/weights/test_weights_lab.py": 100,
+    "tests/gpu_roles/test_gpu_roles.py": 75,
+    "tests/integration/test_bad_inputs.py": 65,
+    "tests/integration/test_ddtree.py": 60,
+    "tests/integration/test_nccl_environment.py": 45,
 }
 
 
