@@ -29,14 +29,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ansible.module_utils.sglang_options import (  # noqa: F401 (re-exported for the callers)
-    CASE_INSENSITIVE_KEYS,
-    canonical_key,
-    lookup,
-    parse_draft_runner,
-    read_argv,
-    spellings,
-)
+from ansible.module_utils.sglang_options import CASE_INSENSITIVE_KEYS, canonical_key, lookup
 from ansible.module_utils.sglang_redact import REDACTED, is_secret_key
 
 MARKER = 'server_args='

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from ansible.module_utils import sglang_options as so
 from ansible.module_utils import sglang_serverargs as sa
 from conftest import FIXTURES
 
@@ -118,7 +119,7 @@ def test_read_argv_reads_flags_like_argparse():
         '--speculative-dflash-draft-window-size',
         '1024',
     ]
-    assert sa.read_argv(argv) == {
+    assert so.read_argv(argv) == {
         'model_path': '/m',
         'tp_size': '8',
         'speculative_draft_window_size': '1024',
@@ -126,7 +127,7 @@ def test_read_argv_reads_flags_like_argparse():
         'enable_tf32_matmul': False,
         'cuda_graph_bs': ['1', '2', '4'],
     }
-    assert sa.read_argv(['x', '--tp', '8'], flag_dests={'--tp': 'tp_size'}) == {'tp_size': '8'}
+    assert so.read_argv(['x', '--tp', '8'], flag_dests={'--tp': 'tp_size'}) == {'tp_size': '8'}
 
 
 def test_dflash_runner_line():
@@ -134,7 +135,7 @@ def test_dflash_runner_line():
         '[2026-12-02 16:27:55 TP0] Initialized DFLASH draft runner. attention_backend=triton, '
         'model=DFlashDraftModel, block_size=16, draft_window_size=None, compact_cache=False'
     )
-    assert sa.parse_draft_runner(line) == {
+    assert so.parse_draft_runner(line) == {
         'runner': 'DFLASH draft runner',
         'algorithm': 'DFLASH',
         'attention_backend': 'triton',
@@ -143,10 +144,10 @@ def test_dflash_runner_line():
         'draft_window_size': None,
         'compact_cache': False,
     }
-    assert sa.parse_draft_runner('The server is fired up and ready to roll!') is None
+    assert so.parse_draft_runner('The server is fired up and ready to roll!') is None
 
 
 def test_canonical_key_and_find_line():
-    assert sa.canonical_key('tree_budget') == 'speculative_ddtree_budget'
-    assert sa.canonical_key('tp_size') == 'tp_size'
+    assert so.canonical_key('tree_budget') == 'speculative_ddtree_budget'
+    assert so.canonical_key('tp_size') == 'tp_size'
     assert sa.find_server_args_line(['a', 'server_args={1: 2}', 'server_args={}', 'b']) == 'server_args={}'
