@@ -117,10 +117,6 @@ def _add_option(parser, dest, entry):
         parser.add_argument(*flags, **kwargs)
 
 
-def _field_order():
-    return list(RECORDING["options"])
-
-
 def _holds(have, want, values):
     if isinstance(want, list):
         return any(_same(have, w) for w in want)
@@ -230,7 +226,7 @@ def _post_init(self):
 
 ServerArgs = dataclasses.make_dataclass(
     "ServerArgs",
-    [(dest, object, dataclasses.field(default=None)) for dest in _field_order()],
+    [(dest, object, dataclasses.field(default=None)) for dest in RECORDING["options"]],
     namespace={
         "__post_init__": _post_init,
         "add_cli_args": staticmethod(add_cli_args),
