@@ -134,6 +134,7 @@ import stat
 from fnmatch import fnmatchcase
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_safetensors import (
     COMMIT_HASH_RE,
     check_checkpoint,
@@ -308,7 +309,7 @@ def last_line(text: str) -> str:
 
 
 def redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "********") if secret else text
+    return redact_text(text, [secret] if secret else [])
 
 
 def run_module() -> None:

@@ -110,6 +110,7 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_files import replace_file
+from ansible.module_utils.sglang_journal import parse_json_lines  # JSON lines, one object a line
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
 
 FILE_MODE = 0o640
@@ -166,22 +167,9 @@ def keep_known_good(spec, write):
 
 
 def read_records(path, limit):
-    records, skipped = [], 0
     try:
         with open(path, encoding='utf-8', errors='replace') as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    skipped += 1
-                    continue
-                if isinstance(obj, dict):
-                    records.append(obj)
-                else:
-                    skipped += 1
+            records, skipped = parse_json_lines(fh.read())
     except FileNotFoundError:
         return [], 0
     if limit >= 0:

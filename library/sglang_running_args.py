@@ -41,7 +41,11 @@ options:
     type: int
     required: true
   api_key:
-    description: Bearer key when the server runs with C(--api-key).
+    description:
+      - Bearer key when the server runs with C(--api-key) (on the command line or from its C(--config)
+        file). Given, the module also proves the server uses THAT key, as the C(/server_info) request with
+        it succeeds and the same request without any key is refused (401 or 403), else it fails. The
+        key is never shown.
     type: str
   unit:
     description: systemd unit of the server.
@@ -94,6 +98,12 @@ options:
     description: Seconds for each HTTP request.
     type: float
     default: 10
+  full_server_info:
+    description:
+      - Also return the whole C(/server_info) body the assertion read (RV(server_info), secrets redacted),
+        e.g. for a report file; large (about 550 keys), so off by default.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -158,6 +168,11 @@ summary:
   type: dict
   sample: {"speculative_ddtree_budget": "8 (from /server_info, journal server_args, /proc/1234/cmdline)",
            "SGLANG_DDTREE_MAX_TOPK": "4 (from /proc/1234/environ)"}
+server_info:
+  description: The whole C(/server_info) body the assertion read, secrets redacted.
+  returned: when O(full_server_info) and the server answered
+  type: dict
+  sample: {"speculative_draft_window_size": 2048, "api_key": "<redacted>", "version": "0.5.23"}
 msg:
   description: Summary; on failure the readable multi-line diff.
   returned: always
@@ -167,7 +182,7 @@ msg:
 import json  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_http import HttpError, base_url, server_info  # noqa: E402
+from ansible.module_utils.sglang_http import HttpError, base_url, get_json, server_info  # noqa: E402
 from ansible.module_utils.sglang_journal import (  # noqa: E402
     JournalError,
     message_text,
@@ -289,6 +304,21 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
     return problems
 
 
+def check_key_required(base, path, timeout, evidence):
+    """With the intended key the server answered; without any key it must refuse (401/403): then it runs
+    with THAT key (SGLang compares the Bearer key exactly), proven without the key ever being shown."""
+    try:
+        status, _ = get_json(base.rstrip('/') + path, api_key=None, timeout=timeout)
+    except HttpError as exc:
+        return [f'GET {path} without the API key: {exc}']
+    evidence['key_required'] = (f'required: GET {path} answered 200 with the intended key, '
+                                f'{status} without a key')
+    if status in (401, 403):
+        return []
+    return [f'GET {path} without the API key returned {status}, not 401: the running server does not '
+            'require the intended API key (it was started without --api-key, or its --config file lacks it)']
+
+
 def _same_int(a, b):
     try:
         return a is not None and int(a) == int(b)
@@ -356,8 +386,12 @@ def run(module):
         elif status != 200 or not isinstance(body, dict):
             failures.append(f'GET {path} returned {status}, not a JSON object: {str(body)[:200]}')
         else:
+            if p['api_key']:
+                failures += check_key_required(base_url(p['host'], p['port']), path, p['timeout'], evidence)
             raw_sources.append(body)
             reported['server_info'] = managed_view(body, expected)
+            if p['full_server_info']:
+                result['server_info'] = body
             diff += compare(expected, body, f'{path}')
     except HttpError as exc:
         failures.append(str(exc))
@@ -492,6 +526,7 @@ def main():
             expected_env=dict(type='dict', default={}),
             runner_lines=dict(type='dict', default={}),
             timeout=dict(type='float', default=10),
+            full_server_info=dict(type='bool', default=False),
         ),
         supports_check_mode=True,
     )

@@ -17,19 +17,20 @@ def fsync_dir(directory):
         os.close(fd)
 
 
-def replace_file(path, data, mode):
+def replace_file(path, data, mode, gid=0):
     """Replace ``path`` with ``data`` (bytes): a fsynced temporary file beside it with ``mode`` and owner
-    root (when running as root) is renamed over it, then the directory is fsynced. Either the old or
-    the new content is there at any moment, never a partial file."""
+    root, group ``gid`` (when running as root) is renamed over it, then the directory is fsynced. Either
+    the old or the new content is there at any moment, never a partial file; the content is never
+    readable beyond ``mode`` (the temporary file is created 0600 and chowned before it is written)."""
     directory = os.path.dirname(path) or '.'
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.')
     try:
         with os.fdopen(fd, 'wb') as handle:
+            if os.geteuid() == 0:
+                os.fchown(handle.fileno(), 0, gid)
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            if os.geteuid() == 0:
-                os.fchown(handle.fileno(), 0, 0)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:

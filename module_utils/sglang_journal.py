@@ -133,33 +133,117 @@ def invocation_messages(text_or_entries, invocation_id, pids=(), last=None, sinc
     return messages(select_invocation(entries, invocation_id, pids, since_monotonic_us), last)
 
 
-def read_invocation(module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None):
+JOURNAL_ENV = {'LANG': 'C', 'LC_ALL': 'C', 'SYSTEMD_PAGER': '', 'SYSTEMD_COLORS': '0'}
+
+
+def read_invocation(module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True,
+                    last=None):
     """Run journalctl on the target for one invocation (+ its PIDs); return selected entries.
 
-    ``journalctl --sync`` first (needs root; failure is tolerated: the entries may then lag).
-    Then ``journalctl -o json --all --no-pager _SYSTEMD_INVOCATION_ID=<id>``, and with PIDs
-    ``_SYSTEMD_INVOCATION_ID=<id> + _PID=<pid> ...`` (``+`` is journalctl's OR). ``-u UNIT`` is
-    never used: it returns lines of old invocations. Returns ``(entries, notes)``.
+    The one journal reader of the modules. With ``sync``, ``journalctl --sync`` first (needs root;
+    failure is tolerated: the entries may then lag). Then ``journalctl -o json --all --no-pager -b
+    INVOCATION_ID=<id> + _SYSTEMD_INVOCATION_ID=<id>``, and with PIDs ``+ _PID=<pid> ...`` (``+`` is
+    journalctl's OR): the invocation's own output, systemd's messages about it ("Main process
+    exited, code=...") and lines of its PIDs that lost their unit tags, this boot only (a PID of an
+    earlier boot is not this process; monotonic stamps of another boot do not compare). ``last``
+    bounds the read to the newest ``last`` matching lines (``-n``). ``-u UNIT`` is never used: it
+    returns lines of old invocations. Returns ``(entries, notes)``; raises JournalError when
+    journalctl is missing or fails.
     """
     if not invocation_id:
         raise JournalError('no InvocationID given: cannot select the current invocation\'s journal lines')
-    journalctl = journalctl or module.get_bin_path('journalctl', required=True)
-    env = {'LANG': 'C', 'LC_ALL': 'C', 'SYSTEMD_PAGER': '', 'SYSTEMD_COLORS': '0'}
+    journalctl = journalctl or module.get_bin_path('journalctl')
+    if not journalctl:
+        raise JournalError('journalctl not found on the host: cannot read the invocation\'s journal lines')
     notes = []
-    rc, out, err = module.run_command([journalctl, '--sync'], environ_update=env)
-    if rc != 0:
-        notes.append(f'journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway')
+    if sync:
+        rc, out, err = module.run_command([journalctl, '--sync'], environ_update=JOURNAL_ENV)
+        if rc != 0:
+            notes.append(f'journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway')
     inv = _norm_id(invocation_id)
     # --all: without it journalctl -o json prints "MESSAGE": null for fields over 4096 bytes,
     # and the 0.5.23 server_args= line is ~19 KB (recorded: tests/fixtures/journal/).
-    cmd = [journalctl, '-o', 'json', '--all', '--no-pager', f'_SYSTEMD_INVOCATION_ID={inv}']
+    cmd = [journalctl, '-o', 'json', '--all', '--no-pager', '-b']
+    if last is not None:
+        cmd += ['-n', str(max(int(last), 1))]
+    cmd += [f'INVOCATION_ID={inv}', '+', f'_SYSTEMD_INVOCATION_ID={inv}']
     for pid in pids:
         if pid not in (None, '', 0, '0'):
             cmd += ['+', f'_PID={int(pid)}']
-    rc, out, err = module.run_command(cmd, environ_update=env)
+    rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
     if rc != 0:
         raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
     entries, bad = parse_json_lines(out)
     if bad:
         notes.append(f'{bad} line(s) of journalctl -o json output were not JSON and were skipped')
     return select_invocation(entries, inv, pids, since_monotonic_us), notes
+
+
+# systemd's "Main process exited, code=..., status=..." message (sd-messages.h SD_MESSAGE_UNIT_PROCESS_EXIT).
+UNIT_PROCESS_EXIT = '98e322203f7a4ed290d09fe03c09fe15'
+
+
+def invocation_lines(entries, unit, invocation_id):
+    """Selected entries of one invocation as dicts with t_us/pid/message/systemd/fields, oldest first.
+
+    ``systemd`` marks systemd's own messages about the invocation (PID 1, or tagged only with
+    ``INVOCATION_ID``); one of those about another unit (``UNIT``) is dropped.
+    """
+    want = _norm_id(invocation_id)
+    lines = []
+    for entry in entries:
+        about = entry.get('_PID') == '1' or bool(
+            entry.get('INVOCATION_ID') and _norm_id(entry.get('_SYSTEMD_INVOCATION_ID')) != want
+        )
+        if about and entry.get('UNIT') not in (None, unit):
+            continue
+        lines.append(
+            {
+                't_us': _int(entry.get('__MONOTONIC_TIMESTAMP'), 0),
+                'pid': entry.get('_PID'),
+                'systemd': about,
+                'message': message_text(entry.get('MESSAGE')),
+                'fields': entry,
+            }
+        )
+    return lines
+
+
+def format_lines(lines, count, redact):
+    """The last ``count`` lines as ``[seconds] pid N: message`` (``systemd:`` for systemd's), through
+    ``redact``."""
+    out = []
+    for line in lines[-count:] if count else []:
+        who = 'systemd' if line['systemd'] else f"pid {line['pid']}"
+        out.append(redact(f"[{line['t_us'] / 1e6:.6f}] {who}: {line['message']}"))
+    return out
+
+
+def latest_phase(lines, redact, ignore=None):
+    """The invocation's latest own log line (systemd's 'Started ...' only when it logged nothing),
+    through ``redact``, at most 300 characters; lines containing ``ignore`` do not count."""
+    own = [
+        e for e in lines
+        if not e['systemd'] and e['message'].strip() and not (ignore and ignore in e['message'])
+    ]
+    pick = own or [e for e in lines if e['message'].strip()]
+    return redact(pick[-1]['message'].strip())[:300] if pick else ''
+
+
+def exit_from_journal(lines):
+    """EXIT_CODE/EXIT_STATUS of systemd's 'Main process exited' message (of ExecStart=) in ``lines``."""
+    results = [e['fields']['UNIT_RESULT'] for e in lines if e['fields'].get('UNIT_RESULT')]
+    result = results[-1] if results else None
+    for line in reversed(lines):
+        fields = line['fields']
+        exec_start = fields.get('COMMAND', 'ExecStart') == 'ExecStart'
+        if fields.get('MESSAGE_ID') == UNIT_PROCESS_EXIT and exec_start:
+            return {
+                'code': fields.get('EXIT_CODE'),
+                'status': fields.get('EXIT_STATUS'),
+                'source': 'journal',
+                'result': result,
+                't_us': line['t_us'],
+                'message': line['message'],
+            }
+    return None

@@ -219,6 +219,34 @@ def start_time_us(pid, root="/proc", ticks=None):
     return stat["starttime"] * 1000000 // ticks
 
 
+def started_before(pids, main_pid, fallback_cutoff_us=None, root="/proc", ticks=None):
+    """The ``pids`` that started before the main process ``main_pid``: ``{pid: start in us since boot}``.
+
+    P14 asks which processes of the unit's cgroup are older than the invocation's main process.  Both
+    sides of this comparison are /proc start times (field 22): one clock, one clock tick, one event
+    (the fork).  systemd's ExecMainStartTimestampMonotonic is not such a side: PID 1 stamps it after
+    fork() has returned in the parent, and on a loaded host that came 50 ms after the child's /proc
+    start time, so the main process looked older than its own invocation.  A process started in the
+    same clock tick as the main process is not older (a child forked at once shares the tick; the
+    processes of an earlier run are older by the whole stop).  The main process itself never is.
+
+    When the main process's start time cannot be read (it has exited), a process is older when it
+    started before ``fallback_cutoff_us`` (us since boot; None: none is counted).
+    """
+    ticks = ticks or clock_ticks()
+    cutoff = start_time_us(main_pid, root, ticks) if main_pid else None
+    if cutoff is None:
+        cutoff = fallback_cutoff_us
+    older = {}
+    for pid in pids:
+        if pid == main_pid or cutoff is None:
+            continue
+        started = start_time_us(pid, root, ticks)
+        if started is not None and started < cutoff:
+            older[pid] = started
+    return older
+
+
 def boottime_offset_us():
     """CLOCK_BOOTTIME - CLOCK_MONOTONIC in microseconds (time spent suspended; 0 on a server)."""
     import time
@@ -259,3 +287,56 @@ def in_cgroup(path, control_group):
     if not path or not control_group:
         return False
     return path == control_group or path.startswith(control_group.rstrip("/") + "/")
+
+
+def read_boot_id(path="/proc/sys/kernel/random/boot_id"):
+    """This boot's id ('' when unreadable): a value taken before a reboot names another boot."""
+    try:
+        return _read(path).strip()
+    except OSError:
+        return ""
+
+
+def describe_pid(pid, root="/proc"):
+    return {"pid": pid, "cmdline": cmdline(pid, root), "cgroup": cgroup_of(pid, root)}
+
+
+def port_listeners(host, port, control_group, root="/proc"):
+    """Listeners on ``host``:``port``, each with its holder pids and whether all are in ``control_group``
+    (``foreign``: the holders outside it, described)."""
+    found = []
+    for sock in listeners(port, host, root):
+        holders = pids_of_inode(sock["inode"], root)
+        groups = {pid: cgroup_of(pid, root) for pid in holders}
+        found.append(
+            {
+                "address": sock["local_address"],
+                "family": sock["family"],
+                "inode": sock["inode"],
+                "pids": holders,
+                "pid": holders[0] if holders else None,
+                "cgroup": groups[holders[0]] if holders else None,
+                "in_cgroup": bool(holders) and all(in_cgroup(g, control_group) for g in groups.values()),
+                "foreign": [
+                    describe_pid(pid, root) for pid, g in groups.items() if not in_cgroup(g, control_group)
+                ],
+            }
+        )
+    return found
+
+
+def older_processes(control_group, start_us, main_pid, offset_us, tolerance_us, root="/proc",
+                    cgroup_root="/sys/fs/cgroup"):
+    """P14: processes in the unit's cgroup that started before its main process (by /proc start times;
+    systemd's stamp ``start_us``, monotonic, less ``tolerance_us``, only when the main process is gone).
+    ``offset_us`` is :func:`boottime_offset_us`. None when the cgroup is gone."""
+    procs = cgroup_procs(control_group, cgroup_root)
+    if procs is None:
+        return None
+    older = []
+    cutoff = start_us + offset_us - tolerance_us
+    for pid, started in started_before(procs, main_pid, cutoff, root).items():
+        info = describe_pid(pid, root)
+        info["started_monotonic"] = round((started - offset_us) / 1e6, 3)
+        older.append(info)
+    return older

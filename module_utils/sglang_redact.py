@@ -127,6 +127,7 @@ def redact_text(text, secret_values=()):
     text = _FLAG_IN_TEXT.sub(_flag_sub, text)
     text = _BEARER.sub(r'\1' + REDACTED, text)
     text = _KEY_IN_REPR.sub(_repr_sub, text)
+    text = _KEY_UNQUOTED.sub(_unquoted_sub, text)
     return text
 
 
@@ -140,6 +141,14 @@ _BEARER = re.compile(r'(Bearer\s+)[^\s\'",]+')
 _KEY_IN_REPR = re.compile(
     r"""(?P<prefix>['"]?(?P<key>[A-Za-z_]*(?:api_key|_token|_secret|_password|hf_token))['"]?\s*[:=]\s*)"""
     r"""(?P<q>['"])(?P<value>[^'"]*)(?P=q)"""
+)
+
+# api_key=X, hf-token: X, password=X without quotes (an env line, a log's key=value pairs). Quoted
+# values are _KEY_IN_REPR's; a value that starts with a quote does not match here.
+_KEY_UNQUOTED = re.compile(
+    r"""(?P<prefix>(?P<key>[A-Za-z_-]*(?:api[_-]?key|token|secret|password))\s*[:=]\s*)"""
+    r"""(?P<value>[^\s'",)}\]]+)""",
+    re.IGNORECASE,
 )
 
 
@@ -157,3 +166,10 @@ def _repr_sub(match):
     if value == '' or _is_var_ref(value) or value == REDACTED:
         return match.group(0)
     return f"{match.group('prefix')}{match.group('q')}{REDACTED}{match.group('q')}"
+
+
+def _unquoted_sub(match):
+    value = match.group('value')
+    if not is_secret_key(match.group('key')) or value in (REDACTED, 'None') or _is_var_ref(value):
+        return match.group(0)
+    return f"{match.group('prefix')}{REDACTED}"

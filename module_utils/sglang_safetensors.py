@@ -333,272 +333,310 @@ def check_checkpoint(
     directory: str, require_tokenizer: bool = True, expected_revision: str | None = None, label: str = "model"
 ) -> dict:
     """Check a checkpoint directory from its own manifest. Returns a result dict; result['problems'] lists
-    every failure as a sentence naming the file; result['ok'] is True when there is none."""
-    problems: list[str] = []
-    warnings: list[str] = []
-    missing: list[str] = []
-    truncated: list[str] = []
-    corrupt: list[str] = []
-    result: dict = {
-        "path": directory,
-        "role": label,
-        "architectures": [],
-        "model_type": None,
-        "format": None,
-        "shards": [],
-        "tokenizer_files": [],
-        "remote_code_files": [],
-        "total_size": 0,
-        "total_size_human": human_size(0),
-        "tensor_count": 0,
-        "revision": None,
-        "revision_source": None,
-    }
+    every failure as a sentence naming the file; result['ok'] is True when there is none.
 
-    def fail(kind_list, name, message):
+    Steps, in order (each a method of _CheckpointCheck): config.json and its remote code, the shards
+    (from the index or the single-file layout), the tokenizer, the revision."""
+    check = _CheckpointCheck(directory, require_tokenizer, expected_revision, label)
+    if not os.path.isdir(directory):
+        check.problems.append(f"{label} model directory {directory} does not exist or is not a directory")
+        check.missing.append(directory)
+        return check.finish(total_size=False)
+    check.config()
+    check.shards()
+    check.tokenizer()
+    check.revision()
+    return check.finish()
+
+
+class _CheckpointCheck:
+    """The state of one check_checkpoint call: what was found, and every problem and warning."""
+
+    def __init__(self, directory: str, require_tokenizer: bool, expected_revision: str | None, label: str):
+        self.directory, self.label = directory, label
+        self.require_tokenizer, self.expected_revision = require_tokenizer, expected_revision
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.missing: list[str] = []
+        self.truncated: list[str] = []
+        self.corrupt: list[str] = []
+        self.checked_files: list[str] = []
+        self.total = 0
+        self.result: dict = {
+            "path": directory,
+            "role": label,
+            "architectures": [],
+            "model_type": None,
+            "format": None,
+            "shards": [],
+            "tokenizer_files": [],
+            "remote_code_files": [],
+            "total_size": 0,
+            "total_size_human": human_size(0),
+            "tensor_count": 0,
+            "revision": None,
+            "revision_source": None,
+        }
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def fail(self, kind_list, name, message):
         if kind_list is not None and name not in kind_list:
             kind_list.append(name)
-        problems.append(f"{label} {os.path.join(directory, name)}: {message}")
+        self.problems.append(f"{self.label} {self.path(name)}: {message}")
 
-    if not os.path.isdir(directory):
-        problems.append(f"{label} model directory {directory} does not exist or is not a directory")
-        result.update(
-            problems=problems, warnings=warnings, missing=[directory], truncated=[], corrupt=[], ok=False
-        )
-        return result
-
-    checked_files: list[str] = []
-    total = 0
-
-    def account(name):
-        nonlocal total
+    def account(self, name):
+        """Count a file that was checked (its size into total_size)."""
         try:
-            total += os.stat(os.path.join(directory, name)).st_size
+            self.total += os.stat(self.path(name)).st_size
         except OSError:
             return
-        checked_files.append(name)
+        self.checked_files.append(name)
 
-    # config.json
-    config = None
-    if not os.path.exists(os.path.join(directory, CONFIG_FILE)):
-        fail(missing, CONFIG_FILE, "missing (every Hugging Face checkpoint has one; SGLang reads it first)")
-    else:
-        try:
-            config = _load_json(os.path.join(directory, CONFIG_FILE))
-        except (OSError, ValueError) as exc:
-            fail(corrupt, CONFIG_FILE, f"does not parse as JSON ({exc})")
+    def config(self) -> None:
+        """config.json: present, a JSON object; its architectures, model type and auto_map remote code."""
+        result, config = self.result, None
+        if not os.path.exists(self.path(CONFIG_FILE)):
+            self.fail(
+                self.missing,
+                CONFIG_FILE,
+                "missing (every Hugging Face checkpoint has one; SGLang reads it first)",
+            )
         else:
-            if not isinstance(config, dict):
-                fail(corrupt, CONFIG_FILE, "is not a JSON object")
-                config = None
-        account(CONFIG_FILE)
-    if config is not None:
+            try:
+                config = _load_json(self.path(CONFIG_FILE))
+            except (OSError, ValueError) as exc:
+                self.fail(self.corrupt, CONFIG_FILE, f"does not parse as JSON ({exc})")
+            else:
+                if not isinstance(config, dict):
+                    self.fail(self.corrupt, CONFIG_FILE, "is not a JSON object")
+                    config = None
+            self.account(CONFIG_FILE)
+        if config is None:
+            return
         archs = config.get("architectures")
         result["architectures"] = archs if isinstance(archs, list) else []
         result["model_type"] = config.get("model_type") if isinstance(config.get("model_type"), str) else None
         if not result["architectures"]:
-            warnings.append(
-                f"{label} {CONFIG_FILE}: no 'architectures' list (SGLang picks the model class from it)"
+            self.warnings.append(
+                f"{self.label} {CONFIG_FILE}: no 'architectures' list (SGLang picks the model class from it)"
             )
         for module_file in _auto_map_modules(config.get("auto_map")):
             result["remote_code_files"].append(module_file)
-            if not os.path.isfile(os.path.join(directory, module_file)):
-                fail(
-                    missing,
+            if not os.path.isfile(self.path(module_file)):
+                self.fail(
+                    self.missing,
                     module_file,
                     f"missing: {CONFIG_FILE} auto_map references it (--trust-remote-code loads it)",
                 )
             else:
-                account(module_file)
+                self.account(module_file)
 
-    # shards from the index, or the single-file layout
-    index_path = os.path.join(directory, INDEX_FILE)
-    weight_map: dict | None = None
-    if os.path.exists(index_path):
-        result["format"] = "sharded"
-        try:
-            index = _load_json(index_path)
-            weight_map = index.get("weight_map") if isinstance(index, dict) else None
-            if (
-                not isinstance(weight_map, dict)
-                or not weight_map
-                or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
-            ):
-                raise ValueError("no non-empty 'weight_map' of tensor name -> shard file")
-        except (OSError, ValueError) as exc:
-            fail(corrupt, INDEX_FILE, f"unusable ({exc})")
-            weight_map = None
-        account(INDEX_FILE)
-        shard_names = sorted(set(weight_map.values())) if weight_map else []
-    elif os.path.exists(os.path.join(directory, SINGLE_FILE)):
-        result["format"] = "single"
-        shard_names = [SINGLE_FILE]
-    else:
-        shard_names = []
-        fail(missing, INDEX_FILE, f"missing, and there is no single-file {SINGLE_FILE} either: no weights")
+    def shard_layout(self) -> tuple[list[str], dict | None]:
+        """(shard file names, the index's weight_map or None) from the index, or the single-file layout."""
+        if os.path.exists(self.path(INDEX_FILE)):
+            self.result["format"] = "sharded"
+            try:
+                index = _load_json(self.path(INDEX_FILE))
+                weight_map = index.get("weight_map") if isinstance(index, dict) else None
+                if (
+                    not isinstance(weight_map, dict)
+                    or not weight_map
+                    or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())
+                ):
+                    raise ValueError("no non-empty 'weight_map' of tensor name -> shard file")
+            except (OSError, ValueError) as exc:
+                self.fail(self.corrupt, INDEX_FILE, f"unusable ({exc})")
+                weight_map = None
+            self.account(INDEX_FILE)
+            return (sorted(set(weight_map.values())) if weight_map else []), weight_map
+        if os.path.exists(self.path(SINGLE_FILE)):
+            self.result["format"] = "single"
+            return [SINGLE_FILE], None
+        self.fail(
+            self.missing, INDEX_FILE, f"missing, and there is no single-file {SINGLE_FILE} either: no weights"
+        )
+        return [], None
 
-    for name in shard_names:
-        if os.path.isabs(name) or ".." in name.split("/"):
-            fail(corrupt, INDEX_FILE, f"weight_map names shard {name!r} outside the model directory")
-            continue
+    def shards(self) -> None:
+        """Every shard's safetensors header, and the index's tensors against each header."""
+        names, weight_map = self.shard_layout()
+        for name in names:
+            if os.path.isabs(name) or ".." in name.split("/"):
+                self.fail(
+                    self.corrupt, INDEX_FILE, f"weight_map names shard {name!r} outside the model directory"
+                )
+                continue
+            entry = self.shard(name, weight_map)
+            if entry["size"] is not None:
+                self.account(name)
+            self.result["shards"].append(entry)
+
+    def shard(self, name: str, weight_map: dict | None) -> dict:
         entry = {"file": name, "status": "ok", "size": None, "tensors": 0}
         try:
-            facts = check_shard(os.path.join(directory, name))
+            facts = check_shard(self.path(name))
         except ShardError as exc:
             entry["status"] = exc.kind
             entry["problem"] = exc.message
-            fail(
-                {"missing": missing, "truncated": truncated, "corrupt": corrupt}[exc.kind],
-                name,
-                f"{exc.kind}: {exc.message}",
-            )
+            kinds = {"missing": self.missing, "truncated": self.truncated, "corrupt": self.corrupt}
+            self.fail(kinds[exc.kind], name, f"{exc.kind}: {exc.message}")
             with contextlib.suppress(OSError):
-                entry["size"] = os.stat(os.path.join(directory, name)).st_size
-        else:
-            entry.update(
-                size=facts["size"],
-                tensors=facts["tensors"],
-                header_len=facts["header_len"],
-                dtypes=facts["dtypes"],
+                entry["size"] = os.stat(self.path(name)).st_size
+            return entry
+        entry.update(
+            size=facts["size"],
+            tensors=facts["tensors"],
+            header_len=facts["header_len"],
+            dtypes=facts["dtypes"],
+        )
+        self.result["tensor_count"] += facts["tensors"]
+        if weight_map is None:
+            return entry
+        listed = {t for t, f in weight_map.items() if f == name}
+        present = set(facts["names"])
+        absent = sorted(listed - present)
+        if absent:
+            entry["status"] = "corrupt"
+            entry["problem"] = f"{len(absent)} tensor(s) the index places here are not in its header"
+            self.fail(
+                self.corrupt,
+                name,
+                f"{INDEX_FILE} places {len(absent)} tensor(s) in this shard that its header "
+                f"lacks (first: {absent[0]}); shard from another revision?",
             )
-            result["tensor_count"] += facts["tensors"]
-            if weight_map is not None:
-                listed = {t for t, f in weight_map.items() if f == name}
-                present = set(facts["names"])
-                absent = sorted(listed - present)
-                if absent:
-                    entry["status"] = "corrupt"
-                    entry["problem"] = f"{len(absent)} tensor(s) the index places here are not in its header"
-                    fail(
-                        corrupt,
-                        name,
-                        f"{INDEX_FILE} places {len(absent)} tensor(s) in this shard that its header "
-                        f"lacks (first: {absent[0]}); shard from another revision?",
-                    )
-                extra = sorted(present - listed)
-                if extra:
-                    warnings.append(
-                        f"{label} {name}: {len(extra)} tensor(s) not in {INDEX_FILE} (first: {extra[0]})"
-                    )
-        if entry["size"] is not None:
-            account(name)
-        result["shards"].append(entry)
+        extra = sorted(present - listed)
+        if extra:
+            self.warnings.append(
+                f"{self.label} {name}: {len(extra)} tensor(s) not in {INDEX_FILE} (first: {extra[0]})"
+            )
+        return entry
 
-    # tokenizer
-    tok_config = None
-    tok_config_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
-    tokenizer_problems: list[tuple] = []
-    if os.path.exists(tok_config_path):
-        try:
-            tok_config = _load_json(tok_config_path)
-            if not isinstance(tok_config, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:
-            tokenizer_problems.append((corrupt, TOKENIZER_CONFIG_FILE, f"does not parse as JSON ({exc})"))
-            tok_config = None
-        account(TOKENIZER_CONFIG_FILE)
-        result["tokenizer_files"].append(TOKENIZER_CONFIG_FILE)
-    required_vocab: list[str] = []
-    if tok_config is not None:
-        for module_file in _auto_map_modules(tok_config.get("auto_map")):
-            if not os.path.isfile(os.path.join(directory, module_file)):
+    def tokenizer(self) -> None:
+        """tokenizer_config.json, its auto_map code and the vocabulary files; problems are errors only
+        with require_tokenizer (else warnings)."""
+        result, missing, corrupt = self.result, self.missing, self.corrupt
+        tok_config = None
+        tokenizer_problems: list[tuple] = []
+        if os.path.exists(self.path(TOKENIZER_CONFIG_FILE)):
+            try:
+                tok_config = _load_json(self.path(TOKENIZER_CONFIG_FILE))
+                if not isinstance(tok_config, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as exc:
+                tokenizer_problems.append((corrupt, TOKENIZER_CONFIG_FILE, f"does not parse as JSON ({exc})"))
+                tok_config = None
+            self.account(TOKENIZER_CONFIG_FILE)
+            result["tokenizer_files"].append(TOKENIZER_CONFIG_FILE)
+        required_vocab: list[str] = []
+        if tok_config is not None:
+            for module_file in _auto_map_modules(tok_config.get("auto_map")):
+                if not os.path.isfile(self.path(module_file)):
+                    tokenizer_problems.append(
+                        (missing, module_file, f"missing: {TOKENIZER_CONFIG_FILE} auto_map references it")
+                    )
+                    continue
+                if module_file not in self.checked_files:
+                    self.account(module_file)
+                    result["tokenizer_files"].append(module_file)
+                required_vocab += _vocab_files_of_module(self.path(module_file))
+        for name in sorted(set(required_vocab)):
+            if not os.path.isfile(self.path(name)):
                 tokenizer_problems.append(
-                    (missing, module_file, f"missing: {TOKENIZER_CONFIG_FILE} auto_map references it")
+                    (missing, name, "missing: the tokenizer class's VOCAB_FILES_NAMES lists it")
                 )
-                continue
-            if module_file not in checked_files:
-                account(module_file)
-                result["tokenizer_files"].append(module_file)
-            required_vocab += _vocab_files_of_module(os.path.join(directory, module_file))
-    for name in sorted(set(required_vocab)):
-        if not os.path.isfile(os.path.join(directory, name)):
+        vocab_present = [n for n in TOKENIZER_VOCAB_FILES if os.path.isfile(self.path(n))]
+        for name in sorted(set(vocab_present) | {n for n in required_vocab if os.path.isfile(self.path(n))}):
+            if name not in result["tokenizer_files"]:
+                result["tokenizer_files"].append(name)
+                self.account(name)
+        if "tokenizer.json" in vocab_present:
+            try:
+                _load_json(self.path("tokenizer.json"))
+            except (OSError, ValueError) as exc:
+                tokenizer_problems.append((corrupt, "tokenizer.json", f"does not parse as JSON ({exc})"))
+        if (
+            "vocab.json" in vocab_present
+            and "tokenizer.json" not in vocab_present
+            and not os.path.isfile(self.path("merges.txt"))
+        ):
+            tokenizer_problems.append((missing, "merges.txt", "missing: vocab.json (BPE) needs it"))
+        if not vocab_present and not required_vocab:
             tokenizer_problems.append(
-                (missing, name, "missing: the tokenizer class's VOCAB_FILES_NAMES lists it")
+                (
+                    missing,
+                    "tokenizer.json",
+                    "no tokenizer: none of " + ", ".join(TOKENIZER_VOCAB_FILES) + " is present",
+                )
             )
-    vocab_present = [n for n in TOKENIZER_VOCAB_FILES if os.path.isfile(os.path.join(directory, n))]
-    for name in sorted(
-        set(vocab_present) | {n for n in required_vocab if os.path.isfile(os.path.join(directory, n))}
-    ):
-        if name not in result["tokenizer_files"]:
-            result["tokenizer_files"].append(name)
-            account(name)
-    if "tokenizer.json" in vocab_present:
-        try:
-            _load_json(os.path.join(directory, "tokenizer.json"))
-        except (OSError, ValueError) as exc:
-            tokenizer_problems.append((corrupt, "tokenizer.json", f"does not parse as JSON ({exc})"))
-    if (
-        "vocab.json" in vocab_present
-        and "tokenizer.json" not in vocab_present
-        and not os.path.isfile(os.path.join(directory, "merges.txt"))
-    ):
-        tokenizer_problems.append((missing, "merges.txt", "missing: vocab.json (BPE) needs it"))
-    if not vocab_present and not required_vocab:
-        tokenizer_problems.append(
-            (
-                missing,
-                "tokenizer.json",
-                "no tokenizer: none of " + ", ".join(TOKENIZER_VOCAB_FILES) + " is present",
-            )
-        )
-    for kind_list, name, message in tokenizer_problems:
-        if require_tokenizer:
-            fail(kind_list, name, message + " (require_tokenizer is true)")
-        else:
-            warnings.append(f"{label} {name}: {message} (require_tokenizer is false: not an error)")
+        for kind_list, name, message in tokenizer_problems:
+            if self.require_tokenizer:
+                self.fail(kind_list, name, message + " (require_tokenizer is true)")
+            else:
+                self.warnings.append(
+                    f"{self.label} {name}: {message} (require_tokenizer is false: not an error)"
+                )
 
-    # revision
-    rev = detect_revision(directory, checked_files)
-    values = sorted(set(rev["sources"].values()))
-    if len(rev["metadata_commits"]) > 1:
-        by_commit: dict[str, list[str]] = {}
-        for name, commit in rev["per_file"].items():
-            by_commit.setdefault(commit, []).append(name)
-        detail = "; ".join(
-            f"{c[:12]}: {', '.join(sorted(n)[:3])}{' ...' if len(n) > 3 else ''}"
-            for c, n in sorted(by_commit.items())
-        )
-        problems.append(
-            f"{label} {directory}: files come from {len(by_commit)} different revisions ({detail}) "
-            f"according to {HF_LOCAL_DIR_METADATA}"
-        )
-    if len(values) > 1:
-        problems.append(
-            f"{label} {directory}: revision records disagree: "
-            + ", ".join(f"{k}={v}" for k, v in sorted(rev["sources"].items()))
-        )
-    elif values:
-        result["revision"] = values[0]
-        result["revision_source"] = ", ".join(sorted(rev["sources"]))
-    result["revision_unattributed"] = rev["unattributed"]
-    if expected_revision:
+    def revision(self) -> None:
+        """The revision the files record (one, agreeing), against expected_revision when one is set."""
+        result, label, directory, problems = self.result, self.label, self.directory, self.problems
+        rev = detect_revision(directory, self.checked_files)
+        values = sorted(set(rev["sources"].values()))
+        if len(rev["metadata_commits"]) > 1:
+            by_commit: dict[str, list[str]] = {}
+            for name, commit in rev["per_file"].items():
+                by_commit.setdefault(commit, []).append(name)
+            detail = "; ".join(
+                f"{c[:12]}: {', '.join(sorted(n)[:3])}{' ...' if len(n) > 3 else ''}"
+                for c, n in sorted(by_commit.items())
+            )
+            problems.append(
+                f"{label} {directory}: files come from {len(by_commit)} different revisions ({detail}) "
+                f"according to {HF_LOCAL_DIR_METADATA}"
+            )
+        if len(values) > 1:
+            problems.append(
+                f"{label} {directory}: revision records disagree: "
+                + ", ".join(f"{k}={v}" for k, v in sorted(rev["sources"].items()))
+            )
+        elif values:
+            result["revision"] = values[0]
+            result["revision_source"] = ", ".join(sorted(rev["sources"]))
+        result["revision_unattributed"] = rev["unattributed"]
+        expected = self.expected_revision
+        if not expected:
+            return
         if result["revision"] is None and len(values) <= 1 and len(rev["metadata_commits"]) <= 1:
             problems.append(
-                f"{label} {directory}: expected_revision {expected_revision} but the directory records "
+                f"{label} {directory}: expected_revision {expected} but the directory records "
                 "no revision "
                 f"(no snapshots/<sha> path, no REVISION/.revision file, no {HF_LOCAL_DIR_METADATA} records)"
             )
-        elif result["revision"] is not None and result["revision"] != expected_revision:
+        elif result["revision"] is not None and result["revision"] != expected:
             problems.append(
                 f"{label} {directory}: revision {result['revision']} (from {result['revision_source']}) "
-                f"is not expected_revision {expected_revision}"
+                f"is not expected_revision {expected}"
             )
         if rev["unattributed"] and rev["sources"].keys() == {"hf-local-dir-metadata"}:
             problems.append(
                 f"{label} {directory}: {len(rev['unattributed'])} file(s) have no valid "
                 f"{HF_LOCAL_DIR_METADATA} record "
                 f"(missing, or the file changed after download), so they are not proven to be revision "
-                f"{expected_revision}: {', '.join(rev['unattributed'][:5])}"
+                f"{expected}: {', '.join(rev['unattributed'][:5])}"
             )
 
-    result["total_size"] = total
-    result["total_size_human"] = human_size(total)
-    result.update(
-        problems=problems,
-        warnings=warnings,
-        missing=missing,
-        truncated=truncated,
-        corrupt=corrupt,
-        ok=not problems,
-    )
-    return result
+    def finish(self, total_size: bool = True) -> dict:
+        result = self.result
+        if total_size:
+            result["total_size"] = self.total
+            result["total_size_human"] = human_size(self.total)
+        result.update(
+            problems=self.problems,
+            warnings=self.warnings,
+            missing=self.missing,
+            truncated=self.truncated,
+            corrupt=self.corrupt,
+            ok=not self.problems,
+        )
+        return result

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+
+from ansible.module_utils.sglang_files import replace_file
 
 RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
 
@@ -74,15 +75,11 @@ def run_python(module, python, script, timeout, env=None, data=None):
 
 
 def write_json_atomic(module, path, data, mode, what):
-    """Write ``data`` as JSON beside ``path``, then move it into place; fail naming ``what``."""
+    """Write ``data`` as JSON to ``path`` with ``sglang_files.replace_file`` (``mode`` from the first
+    byte on, never the umask's default); fail naming ``what``."""
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix='.cache-', suffix='.tmp', dir=directory)
-        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-            json.dump(data, handle, sort_keys=True)
+        replace_file(path, json.dumps(data, sort_keys=True).encode('utf-8'), mode)
     except OSError as exc:
         module.fail_json(msg=f'cache_dir {directory}: cannot write the {what}: {exc}')
-    module.atomic_move(tmp, path)
-    # atomic_move gives a NEW file the umask's default mode, whatever the temp file had.
-    os.chmod(path, mode)

@@ -72,3 +72,64 @@ def test_message_as_byte_array_and_null():
 def test_non_json_lines_are_counted():
     found, bad = sj.parse_json_lines('{"MESSAGE": "a"}\n-- No entries --\n[1]\n\n')
     assert [e['MESSAGE'] for e in found] == ['a'] and bad == 2
+
+
+# --------------------------------------------------------------------- the one journal reader
+class _Journalctl:
+    """run_command of a module whose journalctl answers with the recorded crash of vr-crash.service."""
+
+    def __init__(self, sync_rc=0, rc=0):
+        self.calls, self.sync_rc, self.rc = [], sync_rc, rc
+        self.text = (FIXTURES / 'systemd' / 'journal-crash-e264219f.json').read_text()
+
+    def get_bin_path(self, name, required=False):
+        return f'/usr/bin/{name}'
+
+    def run_command(self, cmd, environ_update=None):
+        assert environ_update['LANG'] == 'C' and environ_update['SYSTEMD_PAGER'] == ''
+        self.calls.append(cmd)
+        if cmd[1] == '--sync':
+            return self.sync_rc, '', 'Failed to connect to journald' if self.sync_rc else ''
+        return (self.rc, self.text, '') if not self.rc else (self.rc, '', 'No journal files were found.')
+
+
+CRASH = 'e264219f0da04f3da81b88c5e071680f'
+
+
+def test_read_invocation_asks_for_this_boot_the_invocation_and_its_pid():
+    module = _Journalctl()
+    entries, notes = sj.read_invocation(module, CRASH, pids=[309], sync=False, last=80)
+    assert module.calls == [[
+        '/usr/bin/journalctl', '-o', 'json', '--all', '--no-pager', '-b', '-n', '80',
+        f'INVOCATION_ID={CRASH}', '+', f'_SYSTEMD_INVOCATION_ID={CRASH}', '+', '_PID=309',
+    ]]
+    assert notes == [] and len(entries) == 9
+    assert '-u' not in module.calls[0]
+
+
+def test_read_invocation_tolerates_a_failed_sync_and_raises_on_a_failed_read():
+    module = _Journalctl(sync_rc=1)
+    _entries, notes = sj.read_invocation(module, CRASH)
+    assert module.calls[0] == ['/usr/bin/journalctl', '--sync'] and 'reading anyway' in notes[0]
+    try:
+        sj.read_invocation(_Journalctl(rc=1), CRASH)
+    except sj.JournalError as exc:
+        assert 'rc=1' in str(exc) and 'No journal files' in str(exc)
+    else:
+        raise AssertionError('a failed journalctl read must raise JournalError')
+
+
+def test_invocation_lines_exit_and_excerpt_of_a_recorded_crash():
+    raw, _bad = sj.parse_json_lines((FIXTURES / 'systemd' / 'journal-crash-e264219f.json').read_text())
+    lines = sj.invocation_lines(sj.select_invocation(raw, CRASH, [309]), 'vr-crash.service', CRASH)
+    assert [line['systemd'] for line in lines] == [True, False, False, False, False, True, True, True, True]
+    # systemd's lines about another unit are dropped
+    assert sj.invocation_lines(raw, 'other.service', CRASH)[0]['pid'] == '309'
+    exit_info = sj.exit_from_journal(lines)
+    assert (exit_info['code'], exit_info['status'], exit_info['result']) == ('exited', '1', 'exit-code')
+    assert sj.latest_phase(lines, str) == 'RuntimeError: injected crash'
+    assert sj.latest_phase(lines, str, ignore='injected') == 'Traceback (most recent call last):'
+    shown = sj.format_lines(lines, 2, str.upper)
+    assert len(shown) == 2
+    assert shown[-1].endswith('SYSTEMD: STOPPED VR-CRASH.SERVICE - VERIFIED-RESTART TEST VR-CRASH.')
+    assert sj.format_lines(lines, 0, str) == []

@@ -47,6 +47,22 @@ def test_cgroup_procs_and_start_times_find_the_orphan():
     assert sp.cmdline(410, root) == ["/usr/bin/sleep", "1000"]
 
 
+def test_started_before_compares_with_the_main_process_own_start_time():
+    """P14 on the recorded orphan tree: the sleeps of two earlier invocations are older than main
+    process 609; 609 itself and its child 610 are not. With the main process gone, systemd's stamp
+    (the fallback cutoff) decides."""
+    base = FIX / "orphan"
+    procs = sp.cgroup_procs("/system.slice/vr-orphan.service", str(base / "sys" / "fs" / "cgroup"))
+    root = str(base / "proc")
+    main = sp.start_time_us(609, root, ticks=100)
+    older = sp.started_before(procs, 609, None, root, ticks=100)
+    assert sorted(older) == [410, 417] and all(started < main for started in older.values())
+    # systemd's stamp (the cutoff) is not used while the main process's own start can be read.
+    assert sorted(sp.started_before(procs, 609, main + 1, root, ticks=100)) == [410, 417]
+    assert sorted(sp.started_before(procs, 999999, main, root, ticks=100)) == [410, 417]
+    assert sp.started_before(procs, 999999, None, root, ticks=100) == {}
+
+
 def test_parse_stat_handles_spaces_and_parens_in_comm():
     text = "42 (a b) c) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 123456 0 0"
     stat = sp.parse_stat(text)

@@ -39,7 +39,9 @@ def test_every_named_test_and_path_exists():
     default = (REPO / 'molecule' / 'default' / 'tests' / 'test_default.py').read_text()
     for name in re.findall(r'Molecule `default` `(\w+)`', TEXT):
         assert f'def {name}(' in default, name
-    failures = (REPO / 'molecule' / 'failures' / 'verify.yml').read_text()
+    scenario = REPO / 'molecule' / 'failures'
+    cases = sorted(scenario.glob('cases/*.yml'))
+    failures = ''.join(path.read_text() for path in [scenario / 'verify.yml', *cases])
     for case in re.findall(r'(Case \d+[ab]?(?:, (?:module|failing))?)', TEXT):
         assert f'"{case}:' in failures, case
 

@@ -77,3 +77,20 @@ def test_redact_text_on_the_real_journal_line():
     )
     assert sr.redact_text(f'x {SENTINEL} y', [SENTINEL]) == 'x <redacted> y'
     assert sr.redact_text('port 1 2', ['1']) == 'port 1 2'  # too short to scrub in free text
+
+
+def test_unquoted_key_values_get_the_one_mask():
+    """One mask for every redactor (sglang_verified_restart and model_weights_fetch wrote '********'):
+    key=value and key: value without quotes, as in a log's key=value pairs, are masked by key name."""
+    assert sr.redact_text(f'vrtest pid=309 starting, port=18002 api_key={SENTINEL}') == (
+        'vrtest pid=309 starting, port=18002 api_key=<redacted>'
+    )
+    assert sr.redact_text(f'HF_TOKEN={SENTINEL} hf-token: {SENTINEL}') == (
+        'HF_TOKEN=<redacted> hf-token: <redacted>'
+    )
+    assert sr.redact_text(f'db_password={SENTINEL}, next') == 'db_password=<redacted>, next'
+    # not secrets: another key, None, a variable reference; the quoted form keeps its quotes
+    kept = 'max_total_tokens=4096 tokenizer_path=/srv/t api_key=None api_key=${SGLANG_API_KEY}'
+    assert sr.redact_text(kept) == kept
+    assert sr.redact_text(f"api_key='{SENTINEL}'") == "api_key='<redacted>'"
+    assert '*' not in sr.redact_text(f'api_key={SENTINEL} --api-key {SENTINEL} Bearer {SENTINEL}', [SENTINEL])

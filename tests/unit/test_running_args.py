@@ -6,9 +6,9 @@ import builtins
 import io
 import json
 import urllib.error
+import urllib.request
 
 import pytest
-from ansible.module_utils import sglang_http
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES, load_module
 
@@ -43,6 +43,7 @@ class FakeHost:
         sync_rc=0,
         environ=None,
         journal_dir=J,
+        key=SENTINEL,
     ):
         self.calls = []
         self.show = (journal_dir / show).read_text()
@@ -53,10 +54,14 @@ class FakeHost:
             http if http is not None else {'/server_info': (200, (S / 'dflash-2048.json').read_bytes())}
         )
         self.cmdline = cmdline
+        # The recorded server ran with --api-key SENTINEL: like SGLang's auth middleware, the fake
+        # refuses a request without that Bearer key (None: a server started without a key).
+        self.key = key
         self.auth_seen = []
         monkeypatch.setattr(AnsibleModule, 'run_command', self.run_command)
         monkeypatch.setattr(AnsibleModule, 'get_bin_path', lambda _m, name, *a, **k: f'/usr/bin/{name}')
-        monkeypatch.setattr(sglang_http._OPENER, 'open', self.open)
+        # open_url builds the real request (headers, no proxy) and hands it to urllib's urlopen
+        monkeypatch.setattr(urllib.request, 'urlopen', self.open)
         real_open = builtins.open
 
         def fake_open(path, *args, **kwargs):
@@ -89,11 +94,13 @@ class FakeHost:
             return 0, self.journal, ''
         raise AssertionError(f'unexpected command {cmd}')
 
-    def open(self, req, timeout=None):
+    def open(self, req, data=None, timeout=None):
         path = req.full_url.split(':', 2)[2].split('/', 1)[1]
         path = '/' + path
         self.auth_seen.append(req.get_header('Authorization'))
         status, body = self.http.get(path, (404, b'{"detail":"Not Found"}'))
+        if self.key and req.get_header('Authorization') != f'Bearer {self.key}':
+            status, body = 401, b'{"error": "Unauthorized"}'
         if status != 200:
             raise urllib.error.HTTPError(req.full_url, status, 'x', {}, io.BytesIO(body))
         return _Resp(status, body)
@@ -102,6 +109,7 @@ class FakeHost:
 class _Resp:
     def __init__(self, status, body):
         self.status, self._body = status, body
+        self.headers = {'Content-Type': 'application/json'}
 
     def read(self):
         return self._body
@@ -167,7 +175,8 @@ def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
         '/proc/98/cmdline',
         'DFLASH draft runner',
     ]
-    assert host.auth_seen == [f'Bearer {SENTINEL}']
+    # the second request, without the key, is the proof that the server requires that key (401)
+    assert host.auth_seen == [f'Bearer {SENTINEL}', None]
     journal_cmd = [c for c in host.calls if c[0].endswith('journalctl') and c[1] != '--sync'][0]
     assert journal_cmd[-3:] == ['_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407', '+', '_PID=98']
 
@@ -385,6 +394,7 @@ def ddtree_host(monkeypatch, environ=DD / 'environ.bin'):
         cmdline=DD / 'cmdline.bin',
         http={'/server_info': (200, (DD / 'server_info.json').read_bytes())},
         environ=environ,
+        key=None,  # the recorded DDTree server ran without --api-key
     )
 
 
@@ -459,3 +469,25 @@ def test_ddtree_with_a_window_is_not_refused_as_an_algorithm_without_one(monkeyp
     assert not any(
         'has no effect with speculative_algorithm=DDTREE (SGLang honours' in d for d in result['diff']
     )
+
+
+def test_the_key_is_proven_by_a_refusal_without_it(monkeypatch, run):
+    """The server answers with the intended key and refuses the same request without one (401): it runs
+    with THAT key (read from its --config file, never on a command line), and the key is never shown."""
+    host = FakeHost(monkeypatch)
+    result, failed = run(args())
+    assert not failed, result['msg']
+    assert host.auth_seen[:2] == [f'Bearer {SENTINEL}', None]
+    assert result['evidence']['key_required'] == (
+        'required: GET /server_info answered 200 with the intended key, 401 without a key')
+
+
+def test_a_server_that_answers_without_the_key_fails(monkeypatch, run):
+    """A server started without the key (its --config file lost, say) answers anyone: not the intended
+    configuration, although the request with the key succeeds."""
+    FakeHost(monkeypatch, key=None)
+    result, failed = run(args())
+    assert failed
+    assert ('GET /server_info without the API key returned 200, not 401: the running server does not require '
+            'the intended API key (it was started without --api-key, or its --config file lacks it)'
+            in result['failures'])

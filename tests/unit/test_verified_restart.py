@@ -14,6 +14,7 @@ import shutil
 import socket
 
 import pytest
+from ansible.module_utils import sglang_verifier as worker
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES, call_main, load_module
 
@@ -75,16 +76,16 @@ def patch_tools(monkeypatch, replay):
 
 def run(monkeypatch, replay, args, tree=None):
     mod = load_module("sglang_verified_restart")
-    monkeypatch.setattr(mod, "_now_us", replay.now_us)
-    monkeypatch.setattr(mod, "_sleep", replay.sleep)
-    monkeypatch.setattr(mod, "http_status", replay.http_status)
-    monkeypatch.setattr(mod.HealthProbe, "threaded", False)
-    monkeypatch.setattr(mod, "boottime_offset_us", lambda: 0)
+    monkeypatch.setattr(worker, "clock_us", replay.now_us)
+    monkeypatch.setattr(worker, "pause", replay.sleep)
+    monkeypatch.setattr(worker, "http_status", replay.http_status)
+    monkeypatch.setattr(worker.HealthProbe, "threaded", False)
+    monkeypatch.setattr(worker, "boottime_offset_us", lambda: 0)
     patch_tools(monkeypatch, replay)
     base = FIX / (tree or "stale-after")
-    monkeypatch.setattr(mod, "PROC_ROOT", str(base / "proc"))
-    monkeypatch.setattr(mod, "CGROUP_ROOT", str(base / "sys" / "fs" / "cgroup"))
-    monkeypatch.setattr(mod, "BOOT_ID_PATH", str(base / "proc" / "sys" / "kernel" / "random" / "boot_id"))
+    monkeypatch.setattr(worker, "PROC_ROOT", str(base / "proc"))
+    monkeypatch.setattr(worker, "CGROUP_ROOT", str(base / "sys" / "fs" / "cgroup"))
+    monkeypatch.setattr(worker, "BOOT_ID_PATH", str(base / "proc" / "sys" / "kernel" / "random" / "boot_id"))
     result, text = call_main(mod, args)
     assert SECRET not in text
     return result
@@ -204,16 +205,16 @@ def test_death_is_noticed_while_a_health_request_hangs(monkeypatch):
         release.wait(30)
         return None, "timed out"
 
-    monkeypatch.setattr(mod, "_now_us", replay.now_us)
-    monkeypatch.setattr(mod, "_sleep", replay.sleep)
-    monkeypatch.setattr(mod, "http_status", hanging)
-    monkeypatch.setattr(mod, "boottime_offset_us", lambda: 0)
+    monkeypatch.setattr(worker, "clock_us", replay.now_us)
+    monkeypatch.setattr(worker, "pause", replay.sleep)
+    monkeypatch.setattr(worker, "http_status", hanging)
+    monkeypatch.setattr(worker, "boottime_offset_us", lambda: 0)
     patch_tools(monkeypatch, replay)
     # a listener in the unit's cgroup so that the probe starts: the healthy tree, with the stale unit's cgroup
     monkeypatch.setattr(
-        mod,
+        worker,
         "port_listeners",
-        lambda host, port, cg: [
+        lambda host, port, cg, _root: [
             {
                 "address": "0.0.0.0",
                 "family": "tcp",
@@ -254,6 +255,27 @@ def test_processes_older_than_the_invocation_fail_p14(monkeypatch):
     assert sorted(o["pid"] for o in res["orphans"]) == [410, 417]
     assert res["orphans"][0]["cmdline"] == ["/usr/bin/sleep", "1000"]
     assert res["main_pid"] == 609
+
+
+def test_main_process_stamped_late_by_systemd_is_not_older_than_itself(monkeypatch, tmp_path):
+    """P14 compares /proc start times, not /proc with systemd's stamp. The molecule failures scenario
+    (case 2's rollback, lab12) failed once: PID 1 stamped ExecMainStartTimestampMonotonic 5057.900248 s
+    while /proc gave the main process 5057.85 s (fork, clock ticks), more than the 50 ms tolerance, so
+    the new main process was reported as a process older than its own invocation. The recorded healthy
+    tree with the main process's start moved to the same 50.2 ms before systemd's stamp."""
+    tree = tmp_path / "stamped-late"
+    shutil.copytree(FIX / "healthy", tree, symlinks=True)
+    stat = tree / "proc" / "554" / "stat"
+    fields = stat.read_text().split(" ")
+    stamp = int(inv_of("healthy-restart.jsonl")["ExecMainStartTimestampMonotonic"])
+    assert fields[21] == "127679" and stamp == 1_276_800_275  # recorded: /proc 10.3 ms before the stamp
+    fields[21] = "127675"  # 1276.75 s: 50.275 ms before the stamp, as on lab12
+    stat.write_text(" ".join(fields))
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    res = run(monkeypatch, replay, {"unit": "vr-healthy", "port": 18001}, tree=str(tree))
+    assert not res.get("failed"), res["msg"]
+    assert res["main_pid"] == 554 and "orphans" not in res
 
 
 def test_never_opens_port_fails_at_ready_timeout(monkeypatch):
