@@ -15,8 +15,12 @@ description:
   - Fails, naming the setting and the SGLang version, when the build cannot express a setting, when a
     value is not one of the parser's choices, and when an extra arg is unknown to the parser, deprecated,
     or duplicates a managed setting.
-  - Secrets never appear in the argv; a setting listed in O(secret_env) becomes C(${ENVVAR}), which
-    systemd expands from the unit's EnvironmentFile.
+  - Secrets never appear in the argv. With O(config_path) (the role's way) a secret setting is left out
+    of the argv, which ends with C(--config <config_path>) instead, and RV(config_keys) names the keys
+    the YAML file must hold (SGLang merges that file into its argv itself, so no process's
+    C(/proc/<pid>/cmdline) ever holds the secret). Without it, a setting listed in O(secret_env)
+    becomes C(${ENVVAR}), which systemd expands from the unit's EnvironmentFile (then the expanded
+    secret IS on the running process's command line).
   - With O(python) (the role's way) the module asks the SGLang installed behind that interpreter for its
     parser's flags itself (M(sglang_capabilities)'s dump and cache, shared code), so the ~250 KB of
     options never travel to the controller and back; the result then carries RV(version) and
@@ -56,6 +60,12 @@ options:
         (for example C(api_key) -> C(SGLANG_API_KEY)).
     type: dict
     default: {}
+  config_path:
+    description:
+      - Path (C(.yaml)/C(.yml)) of the file the unit passes with C(--config), which holds the secret
+        settings (C(0640) root:service group, written by M(sglang_unit)). Takes precedence over
+        O(secret_env).
+    type: path
   profile:
     description:
       - The build profile (module_utils/sglang_options.py C(PROFILES), or one the operator declared),
@@ -116,8 +126,17 @@ secret_positions:
   type: list
   elements: int
   sample: [3]
+config_keys:
+  description:
+    - With O(config_path), canonical key -> key of the C(--config) YAML file for each secret setting (the
+      flag without C(--), as SGLang's C(ConfigArgumentMerger) reads it); empty when RV(argv) has no
+      C(--config).
+  returned: success
+  type: dict
+  sample: {"api_key": "api-key"}
 managed:
-  description: Canonical key -> value SGLang will parse (extra args keyed by their canonical dest).
+  description: Canonical key -> value SGLang will parse (extra args keyed by their canonical dest; the
+    secrets of RV(config_keys) left out).
   returned: success
   type: dict
   sample: {"model_path": "/srv/models/kimi-k2.6", "speculative_draft_window_size": 2048, "tp_size": 8}
@@ -185,7 +204,7 @@ import shlex
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv import build_command, flag_dests
 from ansible.module_utils.sglang_capabilities import discover
-from ansible.module_utils.sglang_options import select_profile
+from ansible.module_utils.sglang_options import SECRET_KEYS, select_profile
 from ansible.module_utils.sglang_redact import redact_argv
 
 
@@ -202,6 +221,7 @@ def main():
             profile=dict(type='str', default='upstream'),
             profiles=dict(type='dict', default={}),
             environment=dict(type='list', elements='str', default=[]),
+            config_path=dict(type='path'),
         ),
         mutually_exclusive=[('capabilities', 'python')],
         required_one_of=[('capabilities', 'python')],
@@ -211,7 +231,7 @@ def main():
     settings = params['settings']
     secret_env = params['secret_env']
     # The secret's value (if the caller passed it) must never come back in any output.
-    secret_values = [str(settings[k]) for k in secret_env
+    secret_values = [str(settings[k]) for k in set(secret_env) | SECRET_KEYS
                      if isinstance(settings.get(k), str) and settings.get(k)]
     for value in secret_values:
         module.no_log_values.add(value)
@@ -226,7 +246,7 @@ def main():
         module.fail_json(msg='; '.join(errors))
     try:
         built = build_command(settings, capabilities, profile, params['extra_args'], secret_env,
-                              params['environment'])
+                              params['environment'], params['config_path'])
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     for note in built['notes']:

@@ -34,6 +34,17 @@ options:
     type: list
     elements: str
     required: true
+  config_keys:
+    description:
+      - Keys of the C(--config) YAML file the argv names (the secrets), the values of the C(config_keys)
+        that M(sglang_argv) returns.
+      - The file is written only after this check, and with the real secret; so the check writes its own
+        copy with a placeholder for each key to a private temporary directory and lets SGLang merge it
+        (its C(ConfigArgumentMerger), as C(sglang serve) does), so SGLang's parser sees the whole
+        effective configuration, argv and file.
+    type: list
+    elements: str
+    default: []
   device:
     description:
       - Device appended as C(--device DEVICE) for resolution only, never to the unit. SGLang's C(get_device())
@@ -116,6 +127,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_options import DFLASH_BASED, read_argv, window_support
@@ -293,9 +306,24 @@ def fingerprint(path):
 
 
 
-def cache_key(argv, device, env, meta, values):
+def with_config_copy(argv, config_keys, directory):
+    """``argv`` with the path after ``--config`` replaced by a copy in ``directory`` holding a placeholder
+    for each of ``config_keys`` (JSON is YAML; the keys are flag names). Unchanged without ``--config``."""
+    if '--config' not in argv:
+        return argv
+    position = argv.index('--config') + 1
+    if position >= len(argv):
+        return argv  # SGLang's own error: "No config file specified after --config flag!"
+    path = os.path.join(directory, os.path.basename(argv[position]))
+    with open(path, 'w', encoding='utf-8') as handle:
+        json.dump({key: PLACEHOLDER for key in config_keys}, handle)
+    return argv[:position] + [path] + argv[position + 1:]
+
+
+def cache_key(argv, device, env, meta, values, config_keys=()):
     material = {
-        'argv': argv, 'device': device, 'env': sorted((str(k), str(v)) for k, v in env.items()),
+        'argv': argv, 'device': device, 'config_keys': sorted(config_keys),
+        'env': sorted((str(k), str(v)) for k, v in env.items()),
         'version': meta['version'], 'record': meta['record_sha256'], 'script': SCRIPT_SHA256,
         'model': fingerprint(values.get('model_path')),
         'draft': fingerprint(values.get('speculative_draft_model_path')),
@@ -345,7 +373,7 @@ def preflight(module, params):
     if rc != 0 or not meta or 'version' not in meta:
         reason = (meta or {}).get('error') or error_line(err) or f'rc={rc}'
         module.fail_json(msg=f'python {python}: cannot read the installed sglang metadata: {reason}', rc=rc)
-    key = cache_key(argv, params['device'], env, meta, read_argv(argv))
+    key = cache_key(argv, params['device'], env, meta, read_argv(argv), params['config_keys'])
     path = os.path.join(params['cache_dir'], key + '.json')
     try:
         with open(path, encoding='utf-8') as handle:
@@ -354,8 +382,13 @@ def preflight(module, params):
             return cached, True, rule_warnings
     except (OSError, ValueError):
         pass
-    rc, out, err = run_python(module, python, RESOLVE_SCRIPT, params['timeout'], env,
-                              data=json.dumps({'argv': run_argv}))
+    scratch = tempfile.mkdtemp(prefix='sglang-preflight.')  # 0700
+    try:
+        run_argv = with_config_copy(run_argv, params['config_keys'], scratch)
+        rc, out, err = run_python(module, python, RESOLVE_SCRIPT, params['timeout'], env,
+                                  data=json.dumps({'argv': run_argv}))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     result = parse_marked(out) or {}
     tail = redact_text(err[-3000:], secrets)
     if rc in (-14, 142):
@@ -387,6 +420,7 @@ def main():
             python=dict(type='path', required=True),
             argv=dict(type='list', elements='str', required=True),
             device=dict(type='str'),
+            config_keys=dict(type='list', elements='str', default=[], no_log=False),
             # Not no_log: Ansible would then mask every value of the environment in all the output,
             # so each "1" and "0" (NCCL_P2P_DISABLE=1, CUDA_VISIBLE_DEVICES=0) in SGLang's error text
             # became "********". Only the values of secret-named variables are masked (below).

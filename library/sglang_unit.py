@@ -6,10 +6,11 @@ from __future__ import annotations
 DOCUMENTATION = r'''
 ---
 module: sglang_unit
-short_description: Install the SGLang unit and environment file (validated, atomic) and load them
+short_description: Install the SGLang unit, environment and config file (validated, atomic) and load them
 description:
   - One round trip for what a deploy does to the unit files, in this order, and only what is needed.
-  - 1. Compares O(unit_content) and O(env_content) (and owner root, mode) with the files on disk.
+  - 1. Compares O(unit_content), O(env_content) and O(config_content) (and owner, group, mode) with the
+    files on disk.
   - 2. A changed unit is written to a private temporary directory and checked with
     C(systemd-analyze verify) under the unit's own name BEFORE anything on the host changes (in check
     mode too); a unit systemd refuses fails the module and leaves both files as they were.
@@ -18,7 +19,10 @@ description:
   - 4. C(systemctl daemon-reload) when the unit changed or systemd holds an older definition
     (C(NeedDaemonReload=yes)); C(systemctl enable) when the unit is not enabled.
   - Returns the unit's systemd state after all of it (C(systemctl show)).
-  - The environment file can hold the API key - O(env_content) is C(no_log) and never shown in a diff.
+  - The C(--config) YAML file (O(config_path)) holds the secrets SGLang must not get on its command line
+    (the API key), mode C(0640), owner root, group O(config_group), so the service reads it and no other
+    local user does.
+    O(config_content) and O(env_content) are C(no_log) and never shown in a diff.
   - Check mode validates, reports what would change (with the unit diff) and changes nothing.
 version_added: "0.1.0"
 author: sglang-deploy contributors
@@ -43,6 +47,17 @@ options:
     description: Rendered environment file (may hold a secret; never logged or diffed).
     type: str
     required: true
+  config_path:
+    description: Path of the YAML file the unit passes to SGLang with C(--config).
+    type: path
+  config_content:
+    description:
+      - Rendered C(--config) file (holds secrets; never logged or diffed); required with O(config_path).
+    type: str
+  config_group:
+    description:
+      - Group of O(config_path), the service's group, which must read it; required with O(config_path).
+    type: str
   previous_dir:
     description: Directory (created 0700 root) that keeps the version of each file this call replaced.
     type: path
@@ -52,7 +67,7 @@ attributes:
     support: full
   diff_mode:
     support: partial
-    details: The unit file only; the environment file is never diffed.
+    details: The unit file only; the environment and config files are never diffed.
 '''
 
 EXAMPLES = r'''
@@ -76,6 +91,10 @@ env_changed:
   description: The environment file was (or would be) replaced.
   type: bool
   returned: always
+config_changed:
+  description: The C(--config) file was (or would be) replaced (false without O(config_path)).
+  type: bool
+  returned: always
 daemon_reloaded:
   description: C(systemctl daemon-reload) ran (or would run).
   type: bool
@@ -90,6 +109,7 @@ status:
   returned: always
 '''
 
+import grp
 import os
 import re
 import stat
@@ -107,8 +127,8 @@ STATUS_PROPERTIES = (
 C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
 
 
-def read_current(path, mode):
-    """(content bytes or None, True when owner root:root and ``mode`` already)."""
+def read_current(path, mode, gid=0):
+    """(content bytes or None, True when owner root, group ``gid`` and ``mode`` already)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -117,7 +137,7 @@ def read_current(path, mode):
         return None, False
     with open(path, 'rb') as handle:
         content = handle.read()
-    return content, st.st_uid == 0 and st.st_gid == 0 and stat.S_IMODE(st.st_mode) == mode
+    return content, st.st_uid == 0 and st.st_gid == gid and stat.S_IMODE(st.st_mode) == mode
 
 
 def keep_previous(previous_dir, path, content):
@@ -157,7 +177,7 @@ def validate_unit(module, name, unit_path, content):
         text = '\n'.join(line for line in text.splitlines() if line.strip())
         module.fail_json(
             msg=f'systemd-analyze verify refused the new {name} (nothing was changed on the host): {text}',
-            unit_changed=False, env_changed=False, rc=rc,
+            unit_changed=False, env_changed=False, config_changed=False, rc=rc,
         )
 
 
@@ -169,19 +189,30 @@ def main():
             unit_content=dict(type='str', required=True),
             env_path=dict(type='path', required=True),
             env_content=dict(type='str', required=True, no_log=True),
+            config_path=dict(type='path'),
+            config_content=dict(type='str', no_log=True),
+            config_group=dict(type='str'),
             previous_dir=dict(type='path', required=True),
         ),
+        required_by={'config_path': ('config_content', 'config_group')},
         supports_check_mode=True,
     )
     p = module.params
     name = p['name']
     files = {
-        'unit': (p['unit_path'], p['unit_content'].encode('utf-8'), 0o644),
-        'env': (p['env_path'], p['env_content'].encode('utf-8'), 0o600),
+        'unit': (p['unit_path'], p['unit_content'].encode('utf-8'), 0o644, 0),
+        'env': (p['env_path'], p['env_content'].encode('utf-8'), 0o600, 0),
     }
-    current = {key: read_current(path, mode) for key, (path, _, mode) in files.items()}
+    if p['config_path']:
+        try:
+            gid = grp.getgrnam(p['config_group']).gr_gid
+        except KeyError:
+            module.fail_json(msg=f"config_group: no group {p['config_group']!r} on the host (nothing was "
+                                 "changed)", unit_changed=False, env_changed=False, config_changed=False)
+        files['config'] = (p['config_path'], p['config_content'].encode('utf-8'), 0o640, gid)
+    current = {key: read_current(path, mode, gid) for key, (path, _, mode, gid) in files.items()}
     changed_files = [
-        key for key, (path, content, mode) in files.items()
+        key for key, (path, content, mode, gid) in files.items()
         if current[key][0] != content or not current[key][1]
     ]
     before = show(module, name)
@@ -192,6 +223,7 @@ def main():
         changed=bool(changed_files or need_reload or need_enable),
         unit_changed='unit' in changed_files,
         env_changed='env' in changed_files,
+        config_changed='config' in changed_files,
         daemon_reloaded=need_reload,
         enabled_now=need_enable,
     )
@@ -201,20 +233,21 @@ def main():
             before_header=p['unit_path'], after_header=p['unit_path'],
             before='' if old is None else old.decode('utf-8', 'replace'), after=p['unit_content'],
         )
-    unit_path, unit_content, _ = files['unit']
+    unit_path, unit_content, _, _ = files['unit']
     if 'unit' in changed_files:
         validate_unit(module, name, unit_path, unit_content)
     if module.check_mode:
         module.exit_json(status=before, **result)
 
-    # The environment first: a unit that names a new variable never starts without it.
-    for key in ('env', 'unit'):
+    # The environment and the config file first: a unit that names a new variable or the config
+    # file never starts without it.
+    for key in ('env', 'config', 'unit'):
         if key not in changed_files:
             continue
-        path, content, mode = files[key]
+        path, content, mode, gid = files[key]
         if current[key][0] is not None:
             keep_previous(p['previous_dir'], path, current[key][0])
-        replace_file(path, content, mode)
+        replace_file(path, content, mode, gid)
     if need_reload:
         rc, out, err = systemctl(module, 'daemon-reload')
         if rc != 0:

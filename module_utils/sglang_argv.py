@@ -268,7 +268,8 @@ def _unknown_flag_error(name, flag, capabilities, index):
     return ValueError(f'{name}: {_version(capabilities)} does not accept {flag}{suggestion}')
 
 
-def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_positions=None):
+def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_positions=None,
+               config_path=None, config_keys=None):
     """Settings (canonical key -> value) -> (argv, managed).
 
     ``argv`` holds only SGLang's arguments (no launcher). ``managed`` maps canonical keys (and
@@ -277,9 +278,17 @@ def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_
     ``secret_positions`` (a list, optional) receives the argv index of each ``${ENVVAR}`` this
     function put there: the only elements systemd may substitute (a user value that contains
     ``${...}`` is passed literally).
+    With ``config_path`` a secret never reaches argv at all (``/proc/<pid>/cmdline`` is readable by
+    every local user): ``config_keys`` (a dict, optional) receives canonical key -> the key of
+    SGLang's ``--config`` YAML file (the flag without ``--``: SGLang's ConfigArgumentMerger turns
+    ``api-key: X`` into ``--api-key X``), and argv ends with ``--config <config_path>``.
     """
     settings = dict(settings or {})
     secret_env = dict(secret_env or {})
+    in_config = {} if config_keys is None else config_keys
+    if config_path and not str(config_path).lower().endswith(('.yaml', '.yml')):
+        # SGLang's ConfigArgumentMerger refuses any other suffix ("Config file must be YAML format").
+        raise ValueError(f'config_path: {config_path!r} must end in .yaml or .yml (SGLang reads no other)')
     extra_args = list(extra_args or [])
     _options(capabilities)
     _check_dflash_aliases(settings)
@@ -293,9 +302,9 @@ def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_
         value = settings[key]
         if value is None:
             continue
-        if key in SECRET_KEYS and key not in secret_env:
-            raise ValueError(f'{key}: a secret must be passed through secret_env (an environment variable), '
-                             'never as a plain value in ExecStart')
+        if key in SECRET_KEYS and key not in secret_env and not config_path:
+            raise ValueError(f'{key}: a secret must be passed through secret_env or the '
+                             '--config file (config_path), never as a plain value in ExecStart')
         if key == 'speculative_dflash_block_size':
             dest, flag, action = _resolve_block_size(key, algo, capabilities)
         else:
@@ -303,6 +312,12 @@ def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_
         if dest in used_dests:
             raise ValueError(f'{key}: maps to the same SGLang option ({flag}) as {used_dests[dest]}')
         used_dests[dest] = key
+        if key in SECRET_KEYS and config_path:
+            if not flag.startswith('--') or not action.get('takes_value', True):
+                raise ValueError(f'{key}: {flag} cannot be set from a --config file '
+                                 '(no long flag with a value)')
+            in_config[key] = flag[2:]
+            continue
         if key in secret_env:
             env = secret_env[key]
             if not isinstance(env, str) or not env.replace('_', 'A').isalnum() or env[0].isdigit():
@@ -329,6 +344,11 @@ def build_argv(settings, capabilities, extra_args=None, secret_env=None, secret_
 
     for position, item in enumerate(extra_args):
         _add_extra(position, item, capabilities, index, used_dests, argv, managed)
+    if in_config:
+        if 'config' not in _options(capabilities):
+            raise ValueError('{}: {} has no --config option to read the secret from a file'.format(
+                ', '.join(sorted(in_config)), _version(capabilities)))
+        argv.extend(['--config', _check_text('config_path', config_path)])
     return argv, managed
 
 
@@ -372,6 +392,9 @@ def _add_extra(position, item, capabilities, index, used_dests, argv, managed):
                 f'; use {replacement}' if replacement and replacement != flag else '')
         )
     key = canonical_key(dest)
+    if dest == 'config':
+        raise ValueError(f'{name}: the role passes its own --config file (the secrets); set the options '
+                         'as role settings or extra args instead')
     if key in SECRET_KEYS:
         raise ValueError(f'{name}: secrets cannot be extra args (they would be readable in the unit); '
                          f'use the role setting for {key}')
@@ -408,11 +431,13 @@ def flag_dests(capabilities):
     return {flag: dest for flag, (dest, _action) in flag_index(capabilities).items()}
 
 
-def build_command(settings, capabilities, profile, extra_args=None, secret_env=None, environment=None):
+def build_command(settings, capabilities, profile, extra_args=None, secret_env=None, environment=None,
+                  config_path=None):
     """Settings + the installed parser + the build profile -> what the unit and env file need.
 
-    Returns ``{'argv', 'secret_positions', 'managed', 'env', 'env_managed', 'require_window',
-    'runner_lines'}`` (``secret_positions``: the argv indexes of the secret references): ``env``
+    Returns ``{'argv', 'secret_positions', 'config_keys', 'managed', 'env', 'env_managed', 'require_window',
+    'runner_lines'}`` (``secret_positions``: the argv indexes of the secret references; ``config_keys``:
+    the secrets the ``--config`` file at ``config_path`` must hold, canonical key -> YAML key): ``env``
     holds the knobs the build reads from the environment (``{VAR: value}``), ``env_managed`` maps their
     canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
     and the tree budget. Raises ValueError naming the setting (the build's refusals first).
@@ -434,13 +459,15 @@ def build_command(settings, capabilities, profile, extra_args=None, secret_env=N
             "select the profile of the installed build".format(
                 profile['name'], profile.get('source') or profile.get('description'),
                 ', '.join(flag_spelling(d) for d in missing), _version(capabilities)))
-    secret_positions = []
-    argv, managed = build_argv(flags, capabilities, extra_args, secret_env, secret_positions)
+    secret_positions, config_keys = [], {}
+    argv, managed = build_argv(flags, capabilities, extra_args, secret_env, secret_positions, config_path,
+                               config_keys)
     algo = managed.get('speculative_algorithm')
     env_managed = {key: var for key, var in env_knob_sources(profile, algo).items() if var in env}
     return {
         'argv': argv,
         'secret_positions': secret_positions,
+        'config_keys': config_keys,
         'managed': managed,
         'env': env,
         'env_managed': env_managed,

@@ -49,7 +49,7 @@ EXTRA_REQUIREMENT = "idna>=3"
 FAST_VERIFY = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
 WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
 # Task names of roles/sglang.
-RENDER_UNIT = "Install the systemd unit and the environment file"
+RENDER_UNIT = "Install the systemd unit, the environment file and the --config file"
 PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
 INSTALL = "Install SGLang into the virtualenv"

@@ -3,7 +3,8 @@
 Order (one module, tests depend on the module fixtures, run top to bottom):
   1. one real deploy with awkward values (a model path with spaces and %, a served name with $ and
      quotes) and a sentinel API key: the argv systemd runs (/proc/<MainPID>/cmdline) equals the intended
-     argv, the sentinel appears nowhere but in the root-only env file, the verifier works with the key;
+     argv, the sentinel appears nowhere but in SGLang's --config file (0640 root:sglang), no local user
+     reads it from any process's /proc/<pid>/cmdline, the verifier works with the key;
   2. `-e window=4096 --check --diff -vvvv` with the key: shows 2048 -> 4096 in the unit diff and in the
      argument diff, no sentinel, and changes nothing;
   3. on top of that verified configuration, a change that crashes after start (SGLANG_LAB_CRASH_AFTER):
@@ -26,6 +27,7 @@ AWKWARD_MODEL = "/srv/models/lab target 100%"
 AWKWARD_NAME = "lab \"$HOME\" 'q' 100%"
 # The lab launcher (inventory/lab/group_vars/lab/lab.yml) with the role's default venv.
 LAUNCHER = ["/opt/sglang/venv/bin/python", "/opt/sglang-lab/sglang_lab_server.py"]
+CONFIG_PATH = "/etc/sglang/sglang.yaml"
 
 
 def flat(r) -> str:
@@ -72,10 +74,10 @@ def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
     argv = lab_host.cmdline(state.main_pid)
     record = lab_host.history()[-1]
     assert record["result"] == "verified" and record["invocation_id"] == state.invocation_id
-    # The intended argv as the role recorded it (display form: the key as ${SGLANG_API_KEY}),
-    # with the key substituted the way systemd does from the EnvironmentFile.
-    intended = LAUNCHER + [SENTINEL if a == "${SGLANG_API_KEY}" else a for a in shlex.split(record["argv"])]
+    # The intended argv as the role recorded it: the key is not in it, SGLang reads it from --config.
+    intended = LAUNCHER + shlex.split(record["argv"])
     assert argv == intended
+    assert "--api-key" not in argv and value_after(argv, "--config") == CONFIG_PATH
     assert value_after(argv, "--model-path") == AWKWARD_MODEL
     assert value_after(argv, "--served-model-name") == AWKWARD_NAME
     # And the server reports the awkward name back (the verifier compared it too).
@@ -89,21 +91,47 @@ def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
     assert json.loads(body) == [AWKWARD_NAME]
 
 
-def test_secret_appears_nowhere_but_the_root_only_env_file(lab_host, awkward_secret):
+def test_secret_appears_nowhere_but_sglangs_config_file(lab_host, awkward_secret):
     r = awkward_secret["deploy"]
     assert r.returncode == 0
     assert SENTINEL not in r.stdout + r.stderr
     unit = lab_host.read_bytes("/etc/systemd/system/sglang.service").decode()
-    assert SENTINEL not in unit
-    assert '"--api-key" "${SGLANG_API_KEY}"' in unit
+    assert SENTINEL not in unit and "--api-key" not in unit
+    assert f'"--config" "{CONFIG_PATH}"' in unit
     show = lab_host.ssh("systemctl show -p Environment -p ExecStart sglang.service").stdout
-    assert "--api-key ${SGLANG_API_KEY}" in show and SENTINEL not in show
+    assert f"--config {CONFIG_PATH}" in show and SENTINEL not in show
     history = lab_host.ssh("cat /var/lib/sglang-deploy/history.jsonl").stdout
     assert SENTINEL not in history
-    # The env file carries it, root only.
-    assert lab_host.ssh("stat -c '%a %U %G' /etc/sglang/sglang.env").stdout.split() == ["600", "root", "root"]
-    env = lab_host.read_bytes("/etc/sglang/sglang.env").decode()
-    assert f'SGLANG_API_KEY="{SENTINEL}"' in env
+    assert SENTINEL not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
+    # SGLang's --config file carries it: readable by root and the service's group only.
+    assert lab_host.ssh(f"stat -c '%a %U %G' {CONFIG_PATH}").stdout.split() == ["640", "root", "sglang"]
+    assert f'api-key: "{SENTINEL}"' in lab_host.read_bytes(CONFIG_PATH).decode().splitlines()
+
+
+def test_no_local_user_reads_the_key_from_any_cmdline(lab_host, awkward_secret):
+    """Issue 16, item 7: what every local user can read of every process (/proc/<pid>/cmdline, what ps
+    shows), read as the unprivileged user nobody, never holds the key; the server runs with it anyway."""
+    # The scan runs as nobody and sends every cmdline it could read back here: the key never goes to the
+    # host on a command line of its own (a `bash -c` holding it would be found, rightly).
+    scan = (
+        "import json, os\n"
+        "out = {'uid': os.getuid(), 'cmdlines': {}}\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        out['cmdlines'][pid] = open(f'/proc/{pid}/cmdline', 'rb').read().decode('latin-1')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(json.dumps(out))\n"
+    )
+    main_pid = lab_host.state().main_pid
+    seen = json.loads(lab_host.ssh(f"runuser -u nobody -- python3 -c {shlex.quote(scan)}").stdout)
+    assert seen["uid"] != 0
+    cmdlines = seen["cmdlines"]
+    assert len(cmdlines) > 10, f"only {len(cmdlines)} processes were readable as nobody"
+    # The server's own process was read (nothing hides it from other users) and runs from --config.
+    assert "--config" in cmdlines[str(main_pid)].split("\0"), cmdlines.get(str(main_pid))
+    holding = sorted(pid for pid, text in cmdlines.items() if SENTINEL in text)
+    assert not holding, f"the API key is in the cmdline of pid(s) {holding}"
 
 
 def test_verifier_and_server_require_the_key(lab_host, awkward_secret):
@@ -191,6 +219,10 @@ def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, aw
     assert records[-1]["restored_invocation_id"] == good.invocation_id
     assert records[-1]["env_sha256"] == good.env_sha256
     assert "SGLANG_LAB_CRASH_AFTER" not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
+    # The --config file (the key) belongs to the known-good set: kept with it, restored with it.
+    config = lab_host.read_bytes(CONFIG_PATH)
+    assert lab_host.read_bytes("/var/lib/sglang-deploy/known-good/sglang.yaml") == config
+    assert records[-1].get("config_sha256") is None or len(records[-1]["config_sha256"]) == 64
     # The restored server is exactly what the role renders for the good settings: a re-run of them
     # (with the key) changes nothing and verifies the running invocation.
     r = lab_host.playbook("-e", "window=2048", extra=awkward_secret["extra"])
