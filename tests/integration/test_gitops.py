@@ -4,9 +4,12 @@ One lab host (systemd-nspawn, SSH) for every case, in file order:
   1. a temporary clone of this repository gets a base commit (lab inventory force-added, an API key
      sentinel, fast verification) that tools/gitops/apply deploys, and a head commit that changes the
      draft window 2048 -> 4096 and rotates the API key;
-  2. tools/gitops/plan names the host, shows `speculative_draft_window_size: 2048 -> 4096` in the
-     running-arguments diff and a restart, masks every secret, exits 2, and leaves the host as it was
-     (same unit/env hashes, same InvocationID, same history);
+  2. tools/gitops/plan of a head that also plants a `check_mode: false` task writing a file (code)
+     runs the base's code with the head's data: it names the host, shows
+     `speculative_draft_window_size: 2048 -> 4096` in the running-arguments diff and a restart, says
+     "code changed: needs review", masks every secret (a CI token in its environment reaches neither
+     ansible nor the output), exits 2, and leaves the host as it was (no planted file, same unit/env
+     hashes, same InvocationID, same history);
   3. tools/gitops/apply deploys head and the server reports 4096; a second apply of the same inventory
      while the lock is held fails at once naming the holder; drift right after the apply finds nothing;
   4. a hand edit of the unit (window 1024, daemon-reload, restart) is reported by tools/gitops/drift,
@@ -14,7 +17,9 @@ One lab host (systemd-nspawn, SSH) for every case, in file order:
   5. pull mode: playbooks/pull.yml installs git (.deb files downloaded on the controller; the host has
      no network), ansible-core (lab wheelhouse) and the timer; a `git daemon` on the controller end of
      the host's veth serves a bare copy of the clone; a run applies the signed commit (window back to
-     4096, verified), the next run does nothing (same InvocationID), an unsigned commit is refused;
+     4096, verified), the next run does nothing (same InvocationID); a replayed older signed commit, a
+     signed commit of another branch and an unsigned commit are refused with the host untouched, and a
+     refusal is reported once (the next run exits 0 without retrying);
   6. the workflow files pass actionlint and zizmor.
 
 Host: the shared, deployed lab host of tests/integration/conftest.py (fixture lab_inventory: one per
@@ -49,6 +54,16 @@ SECRET_A = "sentinel-gitops-key-A-5c1f9e"
 SECRET_B = "sentinel-gitops-key-B-7d20aa"
 TEST_VARS = "inventory/lab/group_vars/gpu_nodes/zz_gitops_test.yml"
 PULL_BRANCH = "deploy-lab"
+PLANTED_FILE = "/root/gitops-planted"
+SENTINEL_ENV = "sentinel-gitops-ci-token-41d7"
+PLANTED_TASK = f"""
+- name: Planted by a pull request
+  ansible.builtin.copy:
+    content: "{{{{ sglang_api_key }}}} {{{{ lookup('ansible.builtin.env', 'GITLAB_API_TOKEN') }}}}"
+    dest: {PLANTED_FILE}
+    mode: "0600"
+  check_mode: false
+"""
 
 
 def run(argv, cwd=REPO, check=True, timeout=900, env=None, **kw) -> subprocess.CompletedProcess:
@@ -200,7 +215,15 @@ def clone(host, tmp_path_factory):
     assert r.returncode == 0, f"apply of the base commit failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
     set_vars(repo, 4096, SECRET_B)
     git(repo, "commit", "--quiet", "-am", "head: window 4096, rotate the API key")
-    return {"repo": repo, "inventory": str(rel), "base": base, "head": git(repo, "rev-parse", "HEAD")}
+    head = git(repo, "rev-parse", "HEAD")
+    # The same data plus code: a task that check mode would run for real (check_mode: false).
+    git(repo, "checkout", "--quiet", "-b", "gitops-planted", head)
+    main = repo / "roles" / "sglang" / "tasks" / "main.yml"
+    main.write_text(main.read_text() + PLANTED_TASK)
+    git(repo, "commit", "--quiet", "-am", "head with code: a task check mode runs for real")
+    planted = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "--quiet", "-")
+    return {"repo": repo, "inventory": str(rel), "base": base, "head": head, "planted": planted}
 
 
 def apply(repo, inventory, ref, out, lock_dir=None, check=False):
@@ -228,6 +251,9 @@ def no_secret(*texts: str) -> None:
 
 def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
     before = host.state()
+    # The head also changes code (a check_mode: false task writing a file): the plan runs the base's
+    # code with the head's data, so the file never appears and the plan says the code changed. A CI
+    # token in the plan job's environment reaches neither ansible nor the output.
     r = run(
         [
             TOOLS / "plan",
@@ -238,13 +264,13 @@ def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
             "--base",
             clone["base"],
             "--head",
-            clone["head"],
+            clone["planted"],
             "--out",
             tmp_path,
         ],
         cwd=clone["repo"],
         check=False,
-        env=tool_env(),
+        env=dict(tool_env(), GITLAB_API_TOKEN=SENTINEL_ENV),
     )
     assert r.returncode == 2, f"plan should exit 2 (changes):\n{r.stdout}\n{r.stderr}"
     md = (tmp_path / "plan.md").read_text()
@@ -263,15 +289,16 @@ def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
         '-    "--speculative-draft-window-size" "2048"' in md
         and '+    "--speculative-draft-window-size" "4096"' in md
     )
-    # The rotated key shows as a masked change; its values never.
-    assert {
-        "key": "SGLANG_API_KEY",
-        "change": "changed",
-        "secret": True,
-        "before": "(secret)",
-        "after": "(secret)",
-    } in entry["env_diff"]
+    # The rotated key (in SGLang's --config file) shows as a change by hash; its values never.
+    assert entry["config_changed"] is True and "--config file (secrets)" in entry["changes"]
+    assert "**--config file** `/etc/sglang/sglang.yaml`: changed" in md
     no_secret(md, json.dumps(summary), log, r.stdout, r.stderr)
+    for text in (md, json.dumps(summary), log, r.stdout, r.stderr):
+        assert SENTINEL_ENV not in text
+    assert "**Code changed: needs review, not planned against production.**" in md
+    assert summary["code_changed"] == ["M  roles/sglang/tasks/main.yml"]
+    assert "Planted by a pull request" not in log
+    assert host.ssh(f"test ! -e {PLANTED_FILE}", check=False).returncode == 0, "the planted task ran"
     # P12: nothing on the host changed.
     assert host.state() == before
     assert entry["invocation_id"] == before["InvocationID"]
@@ -279,7 +306,7 @@ def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
 
 def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
     lock_dir = tmp_path / "locks"
-    lock_dir.mkdir()
+    lock_dir.mkdir(mode=0o700)
     # Another deploy of the same inventory holds the lock: this one fails at once and names it.
     held = os.open(lock_dir / (clone["inventory"].replace("/", "_") + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -436,6 +463,10 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
     # The pull branch: head (window 4096) plus a signed commit that only touches a comment.
     sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"]
     git(repo, "checkout", "--quiet", "-b", PULL_BRANCH, clone["head"])
+    # An older signed release of the branch, replayed below.
+    (repo / TEST_VARS).write_text((repo / TEST_VARS).read_text() + "# an older release\n")
+    git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: an older signed release")
+    older = git(repo, "rev-parse", "HEAD")
     (repo / TEST_VARS).write_text((repo / TEST_VARS).read_text() + "# applied by sglang-pull\n")
     debs = git_debs(host)
     setup = {
@@ -488,15 +519,35 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
     assert "running " not in log
     assert host.state() == after
 
+    # Replay: the branch rewound to the older signed release is refused; the host is untouched.
+    git(repo, "push", "--quiet", git_daemon["bare"], f"+{older}:refs/heads/{PULL_BRANCH}")
+    rc, log = pull_run(host)
+    assert rc != 0 and f"REFUSED: commit {older} is OLDER than the applied {signed}" in log, log
+    assert "running " not in log and host.state() == after
+    # A signed commit of another branch force-pushed to the pull branch is refused as well.
+    git(repo, "checkout", "--quiet", "-b", "gitops-other", clone["head"])
+    set_vars(repo, 1024, SECRET_B)
+    git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: a signed commit of another branch")
+    other = git(repo, "rev-parse", "HEAD")
+    git(repo, "push", "--quiet", git_daemon["bare"], f"+{other}:refs/heads/{PULL_BRANCH}")
+    rc, log = pull_run(host)
+    assert rc != 0 and f"REFUSED: commit {other} does not descend from the applied {signed}" in log, log
+    assert "running " not in log and host.state() == after
+
     # An unsigned commit is refused before any of its files is used; the server is untouched.
+    git(repo, "checkout", "--quiet", PULL_BRANCH)
     set_vars(repo, 8192, SECRET_B)
     git(repo, "commit", "--quiet", "-am", "pull: unsigned commit")
     unsigned = git(repo, "rev-parse", "HEAD")
-    git(repo, "push", "--quiet", git_daemon["bare"], f"{PULL_BRANCH}:{PULL_BRANCH}")
+    git(repo, "push", "--quiet", git_daemon["bare"], f"+{PULL_BRANCH}:{PULL_BRANCH}")
     rc, log = pull_run(host)
     assert (
         rc != 0 and f"commit {unsigned} is not signed by a key in /etc/sglang-pull/allowed_signers" in log
     ), log
+    assert host.state() == after
+    # Reported once: the next run neither fails again nor retries.
+    rc, log = pull_run(host)
+    assert rc == 0 and "not retried" in log and "running " not in log, log
     assert host.state() == after
     assert json.loads(host.ssh("cat /var/lib/sglang-pull/state.json").stdout)["applied"] == signed
 

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -33,6 +34,10 @@ EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 class GitopsError(Exception):
     """An error the user can act on; the message names the ref, file or flag concerned."""
+
+
+class LockHeld(GitopsError):
+    """Another deploy of the same inventory holds the lock."""
 
 
 def log(tool: str, msg: str) -> None:
@@ -107,8 +112,16 @@ def place_inventory(repo: Path, sha: str, relpath: str, tree: Path) -> str | Non
     return f"inventory {relpath} is not tracked in git: taken from the work tree of {repo}"
 
 
-def ansible_env(repo: Path, tree: Path) -> dict[str, str]:
-    env = dict(os.environ)
+SECRET_ENV = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|VAULT)")
+# Paths, not secrets: the SSH key the plan connects with and the agent socket.
+SECRET_ENV_KEEP = {"ANSIBLE_PRIVATE_KEY_FILE", "SSH_AUTH_SOCK"}
+
+
+def ansible_env(repo: Path, tree: Path, scrub: bool = False) -> dict[str, str]:
+    """The environment of ansible-playbook; `scrub` (the plan) drops every variable named like a
+    secret (CI tokens, vault settings, keys), so that no production secret reaches the plan."""
+    env = {k: v for k, v in os.environ.items()
+           if not (scrub and SECRET_ENV.search(k) and k not in SECRET_ENV_KEEP)}
     env.update(
         ANSIBLE_CONFIG=str(tree / "ansible.cfg"),
         ANSIBLE_NOCOLOR="1",
@@ -246,6 +259,8 @@ def host_changes(report: dict) -> list[str]:
         out.append("unit")
     if report["env"]["changed"]:
         out.append("environment file")
+    if (report.get("config") or {}).get("changed"):
+        out.append("--config file (secrets)")
     if report.get("need_daemon_reload"):
         out.append("daemon-reload")
     if running_rows(report):
@@ -266,6 +281,8 @@ def drift_findings(report: dict) -> list[str]:
         out.append(f"{report['unit']['path']} differs from what git renders")
     if report["env"]["changed"]:
         out.append(f"{report['env']['path']} differs from what git renders")
+    if (report.get("config") or {}).get("changed"):
+        out.append(f"{report['config']['path']} (the secrets) differs from what git renders (by sha256)")
     kg = report.get("known_good") or {}
     unit_sha, env_sha = report["unit"].get("sha256"), report["env"].get("sha256")
     if kg.get("unit_sha256") and unit_sha and kg["unit_sha256"] != unit_sha:
@@ -380,7 +397,66 @@ def host_section(name: str, report: dict, mode: str) -> str:
     return "".join(out)
 
 
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+def plan_context(meta: dict, reports: dict[str, dict], notes: list[str]) -> dict:
+    """What templates/plan-comment.md.j2 shows, computed from the per-host reports."""
+    hosts, sections = [], []
+    for name, r in reports.items():
+        if r.get("status") != "ok":
+            hosts.append({"name": name, "cell": "ERROR", "restart": "?"})
+            sections.append({"name": name, "error": r.get("error") or "unknown error"})
+            continue
+        what = host_changes(r)
+        hosts.append({"name": name, "cell": ", ".join(what) if what else "none",
+                      "restart": "yes" if r.get("restart") else "no"})
+        title = ("WILL RESTART" if r.get("restart") else "changes without restart") if what else "no change"
+        rows = running_rows(r)
+        sections.append({
+            "name": name, "error": None, "title": title,
+            "invocation": r.get("invocation_id") or "-", "state": r.get("active_state") or "unknown",
+            "inspectable": r.get("inspectable", True), "sglang_version": r.get("sglang_version"),
+            "restart_reasons": r.get("restart_reasons") or [],
+            "running_rows": rows,
+            "running_diff": (r.get("running_diff") or []) if r.get("running_msg") else [],
+            "unit_diff": unit_diff_text(r), "unit_path": r["unit"]["path"],
+            "env_rows": r["env"].get("diff") or [], "env_changed": r["env"]["changed"],
+            "env_path": r["env"]["path"], "api_key_from_host": r["env"].get("api_key_from_host"),
+            "config_changed": bool((r.get("config") or {}).get("changed")),
+            "config_path": (r.get("config") or {}).get("path"),
+        })
+    return {
+        "marker": PLAN_MARKER, "base": meta["base"], "head": meta["head"], "inventory": meta["inventory"],
+        "hosts": hosts, "sections": sections, "notes": notes,
+        "changed": [h for h in hosts if h["cell"] not in ("none", "ERROR")],
+        "errors": [h for h in hosts if h["cell"] == "ERROR"],
+        "code_changed": meta.get("code_changed") or [], "data_changes": meta.get("data_changes") or [],
+        "changed_files": meta.get("changed_files") or [],
+    }
+
+
+def render_plan(meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
+    """The plan comment from templates/plan-comment.md.j2 (of the checkout this tool runs from)."""
+    try:
+        import jinja2
+    except ImportError as exc:
+        raise GitopsError(f"the plan comment is a Jinja template ({exc}): run with the controller virtualenv "
+                          "(make venv)") from None
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(fence=fence, md_escape=md_escape, fmt=fmt)
+    body = env.get_template("plan-comment.md.j2").render(**plan_context(meta, reports, notes))
+    if len(body) > BODY_LIMIT:
+        body = body[: BODY_LIMIT - 200] + "\n\n... (truncated; the full report is in the job's artifacts)\n"
+    return body
+
+
 def render(mode: str, meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
+    if mode == "plan":
+        return render_plan(meta, reports, notes)
     marker = PLAN_MARKER if mode == "plan" else DRIFT_MARKER
     judge = host_changes if mode == "plan" else drift_findings
     errors = [h for h, r in reports.items() if r.get("status") != "ok"]
@@ -442,6 +518,8 @@ def summary(mode: str, meta: dict, reports: dict[str, dict], rc: int) -> dict:
                 env_changed=r["env"]["changed"],
                 env_sha256=r["env"].get("sha256"),
                 env_diff=r["env"].get("diff", []),
+                config_changed=bool((r.get("config") or {}).get("changed")),
+                config_sha256=(r.get("config") or {}).get("sha256"),
             )
         hosts[host] = entry
     errors = sorted(h for h, e in hosts.items() if e["status"] != "ok")
@@ -465,12 +543,80 @@ def now() -> str:
 
 # ---- inspection (plan and drift) --------------------------------------------------------------
 
+def role_spec_texts(tree: Path) -> dict[str, str]:
+    specs = sorted((tree / "roles").glob("*/meta/argument_specs.yml"))
+    return {p.parent.parent.name: p.read_text() for p in specs}
+
+
+def pr_data(repo: Path, base: str, head: str, tree: Path) -> dict:
+    """Bring the pull request's DATA (inventory and variable files) into `tree`, the base's code,
+    after checking each changed file (tools/gitops/datacheck.py); list the code it changes."""
+    try:
+        import datacheck
+    except ImportError as exc:
+        raise GitopsError(f"the plan checks the pull request's data with PyYAML and ansible-core ({exc}): "
+                          "run it with the controller virtualenv's python (make venv)") from None
+    raw = str(git(repo, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base, head))
+    fields = raw.split("\0")
+    entries = []
+    for i in range(0, len(fields) - 1, 2):
+        meta, path = fields[i], fields[i + 1]
+        if not meta.startswith(":"):
+            continue
+        old_mode, new_mode, _, _, status = meta[1:].split()[:5]
+        entries.append((status[0], path, new_mode if status[0] != "D" else old_mode))
+    specs = datacheck.role_specs(role_spec_texts(tree))
+    out: dict = {"data": [], "code": [], "inert": [], "data_changes": [], "errors": []}
+    for status, path, mode in entries:
+        kind = datacheck.classify(path, mode)
+        out[kind].append(f"{status}  {path}")
+        if kind != "data":
+            continue
+        target = tree / path
+        if status == "D":
+            if target.exists():
+                target.unlink()
+            out["data_changes"].append(f"{path}: removed")
+            continue
+        head_text = str(git(repo, "show", f"{head}:{path}"))
+        base_text = str(git(repo, "show", f"{base}:{path}")) if tracked(repo, base, path) else None
+        try:
+            changes = datacheck.check_file(path, head_text, base_text, specs)
+        except datacheck.DataError as exc:
+            out["errors"].append(str(exc))
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():
+            target.unlink()
+        target.write_text(head_text)
+        target.chmod(0o644)
+        out["data_changes"] += [f"{path}: {c}" for c in changes] or [f"{path}: no variable changed"]
+    return out
+
+
+def refused_report(meta: dict, errors: list[str]) -> str:
+    return "\n".join([
+        PLAN_MARKER, "",
+        "## SGLang deploy plan: REFUSED, the pull request's data did not pass the checks",
+        "",
+        f"base `{meta['base'][:12]}` -> head `{meta['head'][:12]}`, inventory `{meta['inventory']}`. "
+        "No host was contacted.",
+        "",
+        *[f"- {md_escape(e)}" for e in errors],
+        "",
+    ])
+
+
 def inspect(tool: str, mode: str, args) -> int:
+    """plan: the BASE revision's code (the checkout this runs from, or --base) with the pull request's
+    data (--head), checked first; drift: everything from --ref."""
     repo = repo_root(args.repo)
     out = Path(args.out or (repo / "out" / mode)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     head = resolve(repo, args.head, "--head")
-    base = resolve(repo, args.base, "--base") if getattr(args, "base", None) else None
+    base = None
+    if mode == "plan":
+        base = resolve(repo, getattr(args, "base", None) or "HEAD", "--base")
     relinv = inventory_relpath(repo, args.inventory)
     playbook = "playbooks/plan.yml" if mode == "plan" else "playbooks/drift.yml"
     notes: list[str] = []
@@ -484,13 +630,25 @@ def inspect(tool: str, mode: str, args) -> int:
         reports_dir = Path(tmp) / "reports"
         tree.mkdir()
         reports_dir.mkdir(mode=0o700)
-        materialise(repo, head, tree)
+        # The code that runs is the base's (plan) or the ref's (drift); never the pull request's.
+        materialise(repo, base or head, tree)
         if not (tree / playbook).is_file():
-            raise GitopsError(f"--head {args.head}: {playbook} does not exist at {head[:12]}")
+            raise GitopsError(f"{playbook} does not exist at {(base or head)[:12]}")
+        if mode == "plan":
+            trust = pr_data(repo, base, head, tree)
+            meta.update(code_changed=trust["code"], data_changed=trust["data"],
+                        data_changes=trust["data_changes"])
+            if trust["errors"]:
+                (out / "plan.md").write_text(refused_report(meta, trust["errors"]))
+                summ = {"mode": mode, "status": "error", **meta, "refused": trust["errors"],
+                        "changed_hosts": [], "error_hosts": [], "hosts": {}}
+                (out / "plan.json").write_text(json.dumps(summ, indent=2, sort_keys=True) + "\n")
+                raise GitopsError("the pull request's data was refused (nothing was planned):\n  "
+                                  + "\n  ".join(trust["errors"]))
         note = place_inventory(repo, head, relinv, tree)
         if note:
             notes.append(note)
-        env = ansible_env(repo, tree)
+        env = ansible_env(repo, tree, scrub=mode == "plan")
         playbook_bin = find_tool(repo, "ansible-playbook", args.ansible_playbook)
         inventory_bin = str(Path(playbook_bin).with_name("ansible-inventory"))
         hosts = inventory_hosts(inventory_bin, env, tree, relinv, args.limit)
@@ -502,7 +660,7 @@ def inspect(tool: str, mode: str, args) -> int:
                                   "gitops_api_key_from_host": bool(args.secrets_from_host)})]
         if args.limit:
             argv += ["--limit", args.limit]
-        if args.vault_password_file:
+        if getattr(args, "vault_password_file", None):
             argv += ["--vault-password-file", str(Path(args.vault_password_file).resolve())]
         logfile = out / f"{mode}-ansible.log"
         log(tool, f"{mode} of {head[:12]} on {len(hosts)} host(s); ansible log: {logfile}")
@@ -522,17 +680,68 @@ def inspect(tool: str, mode: str, args) -> int:
 
 # ---- the deploy lock --------------------------------------------------------------------------
 
+def default_lock_dir() -> Path:
+    """$XDG_RUNTIME_DIR/sglang-gitops, else ~/.cache/sglang-gitops: never a shared /tmp or /var/lock."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_absolute():
+        return Path(runtime) / "sglang-gitops"
+    return Path.home() / ".cache" / "sglang-gitops"
+
+
+def private_dir(path: Path, flag: str) -> int:
+    """Open `path` (created 0700 when missing) as a directory fd, refusing a symlink, a directory that
+    is not the invoking user's, or one that anybody else may write to or read."""
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise GitopsError(f"{flag} {path}: not a directory of this user's ({exc.strerror}; a symlink is "
+                          "never followed)") from None
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        problem = f"mode {stat.S_IMODE(st.st_mode):04o}, others may create or replace files in it"
+    if problem:
+        os.close(fd)
+        raise GitopsError(f"{flag} {path}: {problem}; use a directory of your own with mode 0700")
+    return fd
+
+
 def lock_path(lock_dir: Path, relinv: str) -> Path:
     key = re.sub(r"[^A-Za-z0-9._-]+", "_", relinv).strip("_")
     return lock_dir / f"{key}.lock"
 
 
+def open_private_file(dir_fd: int, name: str, path: Path, flag: str) -> int:
+    """Open (create 0600) a regular file of this user's inside `dir_fd`, never through a symlink."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise GitopsError(f"{flag}: {path}: {exc.strerror} (a symlink is never followed)") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise GitopsError(f"{flag}: {path} is not a regular file of this user's")
+    return fd
+
+
 @contextlib.contextmanager
 def deploy_lock(lock_dir: Path, relinv: str, wait: float, holder: dict):
-    """flock(2) on a lock file keyed by the inventory: one deploy per inventory at a time."""
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    """flock(2) on a lock file keyed by the inventory: one deploy per inventory at a time.
+
+    The lock directory is this user's, mode 0700; neither it nor the lock file is opened through a
+    symlink, so another local user can neither pre-create the lock nor point it at a file to truncate."""
     path = lock_path(lock_dir, relinv)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    dir_fd = private_dir(lock_dir, "--lock-dir")
+    try:
+        fd = open_private_file(dir_fd, path.name, path, "--lock-dir")
+    finally:
+        os.close(dir_fd)
     deadline = time.monotonic() + wait
     try:
         while True:
@@ -541,17 +750,13 @@ def deploy_lock(lock_dir: Path, relinv: str, wait: float, holder: dict):
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    try:
-                        with open(path, encoding="utf-8") as f:
-                            who = f.read().strip() or "unknown"
-                    except OSError:
-                        who = "unknown"
-                    raise GitopsError(
+                    who = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                    raise LockHeld(
                         f"another deploy of {relinv} holds {path} ({who}); waited {wait:.0f} s (--wait)"
                     ) from None
                 time.sleep(1)
         os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder) + "\n").encode())
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         yield path
     finally:
         os.close(fd)
