@@ -43,7 +43,15 @@ SGLANG_LAB_CRASH_AFTER=<s> (scheduler traceback, exit 1, that many seconds after
 SGLANG_LAB_HANG=1 (never opens the port; a stuck shard-load line every 3 s),
 SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process),
 SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory).
-/metrics exists only with --enable-metrics, as in SGLang. SIGTERM: drain, exit 0.
+/metrics exists only with --enable-metrics, as in SGLang. SIGTERM: drain, exit 0 (as SGLang: /health
+503, generation requests still accepted meanwhile).
+
+Drain endpoints, as SGLang 0.5.23 serves them (not on OLD_API or replay builds): `GET /v1/loads`
+(entrypoints/v1_loads.py: `include=`, `dp_rank=`, `format=prometheus`; SGLang's own LoadSnapshot per DP
+rank, counting this server's in-flight requests: running up to max_running_requests, the rest waiting)
+and `POST|GET /flush_cache?timeout=T` (scheduler_components/flush_wrapper.py: 200 when idle; else 400
+`Flush cache failed.` at once with T = 0, or `Timed out waiting for idle state.` after T; 400 `Another
+flush_cache is already in progress.` while one waits).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import importlib
 import importlib.util
@@ -70,6 +79,7 @@ import threading
 import time
 import traceback
 import types
+import urllib.parse
 import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +87,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 LOG_FORMAT, DATE_FORMAT = "[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"  # SGLang's configure_logger
 GB = 1 << 30
 LAB_GPU_MEM_GB = 94.97
+LAB_GPU_NAME = "NVIDIA H100 NVL"  # synthetic: what get_device_name() reports for a 94.97 GB GPU
+FLUSH_OK = (b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            b"requests, the operation will not be performed.)\n")
 OLD_WINDOW_KEY, NEW_WINDOW_KEY = "speculative_dflash_draft_window_size", "speculative_draft_window_size"
 KV_DTYPES = {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2"}
 WORDS = ("the", "lab", "server", "answers", "with", "synthetic", "tokens", "for", "a", "deployment",
@@ -838,6 +851,7 @@ class Lab:
         self.up = self.gracefully_exit = False
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.inflight: dict[str, float] = {}
+        self.flush_pending = False  # SchedulerFlushWrapper._pending: one deferred flush at a time
         self.stats = {"prompt": 0, "generation": 0, "forwards": 0}
 
     # ------------------------------------------------------------------------------------ start-up
@@ -942,6 +956,7 @@ class Lab:
         s.info(f"KV Cache is allocated. dtype: {KV_DTYPES.get(d.get('kv_cache_dtype'), 'torch.bfloat16')}, "
                f"#tokens: {self.max_total_num_tokens}, K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB")
         avail -= 2 * kv_gb
+        self.weight_gb, self.kv_gb = weight_gb, 2 * kv_gb
         s.info(f"Memory pool end. avail mem={avail:.2f} GB")
         decode = (d.get("cuda_graph_config") or {}).get("decode") or {}
         name = "target verify" if self.spec["algo"] else "target decode"
@@ -1089,6 +1104,86 @@ class Lab:
                 "has_audio_understanding": False, "model_type": cfg.get("model_type"),
                 "architectures": cfg.get("architectures")}
 
+    def dp_ranks(self) -> int:
+        return max(1, int(self.resolved.get("dp_size") or 1))
+
+    def load_snapshots(self, dp_rank: int | None) -> list:
+        """TokenizerManager.get_loads: one SGLang LoadSnapshot per DP rank (in-flight requests spread
+        over the ranks in arrival order); an unknown dp_rank gives none."""
+        from sglang.srt.managers.load_snapshot import (
+            DisaggregationMetrics,
+            LoadSnapshot,
+            MemoryMetrics,
+            QueueMetrics,
+            SpeculativeMetrics,
+        )
+
+        ranks, d = self.dp_ranks(), self.resolved
+        if dp_rank is not None and not 0 <= dp_rank < ranks:
+            return []
+        with self.lock:
+            count = [0] * ranks
+            for i, _ in enumerate(self.inflight):
+                count[i % ranks] += 1
+            stats = dict(self.stats)
+        cap = d.get("max_running_requests") or 0
+        snapshots = []
+        for rank in range(ranks) if dp_rank is None else (dp_rank,):
+            running = min(count[rank], cap) if cap else count[rank]
+            spec = None
+            if self.spec["algo"] and stats["forwards"]:
+                accept = stats["generation"] / stats["forwards"]
+                spec = SpeculativeMetrics(accept_length=accept,
+                                          accept_rate=(accept - 1) / max(self.spec["D"] - 1, 1))
+            snapshots.append(LoadSnapshot(
+                timestamp=time.time(), dp_rank=rank, num_running_reqs=running,
+                num_waiting_reqs=count[rank] - running, max_total_num_tokens=self.max_total_num_tokens,
+                max_running_requests=cap, utilization=round(running / cap, 4) if cap else 0.0,
+                memory=MemoryMetrics(weight_gb=round(self.weight_gb, 3), kv_cache_gb=round(self.kv_gb, 3),
+                                     graph_gb=0.0,
+                                     token_capacity=int(self.max_total_num_tokens)),
+                speculative=spec, disaggregation=DisaggregationMetrics(mode="null"),  # set even unused
+                queues=QueueMetrics(waiting=count[rank] - running, grammar=0, paused=0, retracted=0,
+                                    prealloc_ready=0)))
+        return snapshots
+
+    def num_accelerators(self) -> int:
+        """v1_loads._num_accelerators_per_dp_rank."""
+        d = self.resolved
+        n = int(d.get("tp_size") or 1) * int(d.get("pp_size") or 1)
+        return n // self.dp_ranks() if d.get("enable_dp_attention") else n
+
+    def flush_cache(self, timeout: float) -> tuple[bool, str | None]:
+        """SchedulerFlushWrapper.handle/check_pending: (success, message) once idle or at the deadline."""
+        def idle() -> bool:
+            with self.lock:
+                return not self.inflight
+
+        with self.lock:
+            if self.flush_pending:
+                return False, "Another flush_cache is already in progress."
+            if timeout <= 0.0 or not self.inflight:
+                success = not self.inflight
+                if success:
+                    self.sched.info("Cache flushed successfully!")
+                else:
+                    self.sched.warning("Cache not flushed because there are pending requests. "
+                                       f"#queue-req: 0, #running-req: {len(self.inflight)}")
+                return success, None
+            self.flush_pending = True
+        deadline = time.monotonic() + timeout
+        try:
+            while not idle():
+                if time.monotonic() >= deadline:
+                    logging.warning("Deferred flush_cache timed out while waiting for idle state.")
+                    return False, "Timed out waiting for idle state."
+                time.sleep(0.005)
+            self.sched.info("Cache flushed successfully!")
+            return True, None
+        finally:
+            with self.lock:
+                self.flush_pending = False
+
     def generate(self, prompt: str, prompt_tokens: int, max_new: int, rid: str, stream: bool):
         """Yield (text so far, meta_info) per synthetic forward (only the final one unless streaming)."""
         spec, n = self.spec, max(0, max_new)
@@ -1171,11 +1266,11 @@ def make_handler(lab: Lab):
             emit_uvicorn("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
                                  f'{self.path} HTTP/1.1" {status} {phrases.get(status, "")}'.rstrip())
 
-        def send(self, status: int, body: object = b"", ctype: str = "application/json") -> None:
+        def send(self, status: int, body: object = b"", ctype: str | None = "application/json") -> None:
             if not isinstance(body, bytes):
                 body = json.dumps(body, default=str, allow_nan=False).encode()
             self.send_response(status)
-            if body:
+            if body and ctype:
                 self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -1251,10 +1346,61 @@ def make_handler(lab: Lab):
             self.send(404, {"error": {"message": f"The model '{wanted}' does not exist", "param": "model",
                                       "type": "invalid_request_error", "code": "model_not_found"}})
 
-        def flush_cache(self) -> None:
-            self.send(200, b"Cache flushed.\nPlease check backend logs for more details. (When there are "
-                           b"running or waiting requests, the operation will not be performed.)\n",
-                      "text/plain; charset=utf-8")
+        def query(self) -> dict[str, str]:
+            """FastAPI's scalar query parameters: the last value of each name."""
+            pairs = urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+            return dict(pairs)
+
+        def invalid(self, name: str, msg: str, raw: str) -> None:
+            """SGLang's RequestValidationError handler: 400, the legacy ErrorResponse envelope (the message
+            names the parameter as pydantic's error list does; its exact wording is FastAPI's)."""
+            errors = [{"loc": ("query", name), "msg": msg, "input": raw}]
+            self.send(400, {"object": "error", "message": str(errors), "type": "Bad Request", "param": None,
+                            "code": 400})
+
+        def flush_cache(self) -> None:  # http_server.flush_cache: timeout = Query(0.0, ge=0.0)
+            raw = self.query().get("timeout", "0")
+            try:
+                timeout = float(raw)
+            except ValueError:
+                timeout = None
+            if timeout is None or not math.isfinite(timeout):
+                self.invalid("timeout", "Input should be a valid number", raw)
+                return
+            if timeout < 0:
+                self.invalid("timeout", "Input should be greater than or equal to 0", raw)
+                return
+            success, message = lab.flush_cache(timeout)
+            # Response(content=str) without a media type: no content-type header
+            self.send(200 if success else 400, FLUSH_OK if success else (message or "Flush cache failed.\n")
+                      .encode(), None)
+
+        def loads(self) -> None:  # entrypoints/v1_loads.get_loads
+            q = self.query()
+            dp_rank = None
+            if "dp_rank" in q:
+                try:
+                    dp_rank = int(q["dp_rank"])
+                except ValueError:
+                    self.invalid("dp_rank", "Input should be a valid integer", q["dp_rank"])
+                    return
+            include = q.get("include") or None
+            include_list = [part.strip() for part in include.split(",")] if include else None
+            include_set = set(include_list) if include_list else None
+            snapshots = lab.load_snapshots(dp_rank)
+            try:
+                if q.get("format") == "prometheus":
+                    self.send(200, loads_prometheus(snapshots, include_set).encode(),
+                              "text/plain; version=0.0.4; charset=utf-8")
+                    return
+                loads = [snapshot.to_dict(include_set) for snapshot in snapshots]
+            except ValueError:  # raised outside get_loads' try in SGLang: Starlette's plain 500
+                log.error("Exception in ASGI application\n" + traceback.format_exc().rstrip())
+                self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+                return
+            self.send(200, {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                            "version": lab.version, "accelerator": LAB_GPU_NAME,
+                            "num_accelerators": lab.num_accelerators(), "loads": loads})
 
         def metrics(self) -> None:
             self.send(200, lab.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
@@ -1345,9 +1491,34 @@ def make_handler(lab: Lab):
               "/flush_cache": (("GET", "POST"), Handler.flush_cache)}
     if not lab.old_api:
         routes.update({"/server_info": (get, Handler.server_info), "/model_info": (get, Handler.model_info)})
+    if not lab.old_api and lab.replay is None:  # SGLang 0.5.23's load report (entrypoints/v1_loads.py)
+        routes["/v1/loads"] = (get, Handler.loads)
     if lab.resolved.get("enable_metrics"):
         routes["/metrics"] = (get, Handler.metrics)
     return Handler
+
+
+def loads_prometheus(load_results: list, include: set[str] | None) -> str:
+    """v1_loads._format_loads_prometheus (SGLang 0.5.23), for the lab's LoadSnapshots."""
+    section_prefixes = {"speculative": "spec", "disaggregation": "disagg"}
+    metric_samples: dict[str, list] = {}
+    for load in load_results:
+        load_dict = load.to_dict(include)
+        dp_rank = load_dict.pop("dp_rank")
+        for key, value in load_dict.items():
+            if isinstance(value, dict):
+                prefix = section_prefixes.get(key, key)
+                for sub_key, sub_value in value.items():
+                    if isinstance(sub_value, (int, float)):
+                        name = f"sglang_{prefix}_{sub_key}"
+                        metric_samples.setdefault(name, []).append((dp_rank, sub_value))
+            elif isinstance(value, (int, float)):
+                metric_samples.setdefault(f"sglang_{key}", []).append((dp_rank, value))
+    lines = []
+    for metric_name, samples in metric_samples.items():
+        lines.append(f"# TYPE {metric_name} gauge")
+        lines += [f'{metric_name}{{dp_rank="{dp_rank}"}} {value}' for dp_rank, value in samples]
+    return "\n".join(lines) + "\n"
 
 
 def spawn_scheduler_child() -> None:
