@@ -11,7 +11,8 @@ cannot honour, refused before anything ran). Records of points that are no longe
 (changed settings or workload) are listed as stale and left out of the table.
 
 Writes into DIR: sweep.json (every row, each with its own InvocationID, + the summary + what each
-plot shows), sweep.csv, sweep.md, output_throughput.png, latency.png, and when the axes include
+plot shows), sweep.csv, sweep.md (rendered from sweep.json's content with the top-level template
+templates/sweep_report.md.j2), output_throughput.png, latency.png, and when the axes include
 `budget` and another axis (DDTree: budget x top-k) throughput_vs_budget.png and
 accept_length_vs_budget.png (one line per value of the other axes). Prints the summary: per host the
 best verified point by output throughput and its lead over the baseline (the host's original
@@ -276,60 +277,53 @@ def write_csv(path: str, rows: list[dict], axes: list[str], arg_of: dict) -> Non
             )
 
 
-def write_markdown(
-    path: str,
-    rows: list[dict],
-    axes: list[str],
-    arg_of: dict,
-    lines: list[str],
-    plots: list[dict],
-    stale: list[dict],
-    lab: bool,
-) -> None:
-    title = "# Sweep report" + (" - LAB RUN" if lab else "")
-    out = [title, ""]
-    out += [f"> {line}" if i == 0 and lab else line for i, line in enumerate(lines)] + [""]
-    cols = ["host", "point", "result"] + axes + ["invocation"] + [t for _, t, _ in METRICS] + ["accept len"]
-    out.append("| " + " | ".join(cols) + " |")
-    out.append("|" + "---|" * len(cols))
-    for r in rows:
-        values = point_values(r, axes, arg_of)
-        metrics = r.get("metrics") or {}
-        name = f"**{r['point']}**" if r["baseline"] else r["point"]
-        cells = (
-            [r["host"], name, r["result"]]
-            + [fmt(values[a]) for a in axes]
-            + [fmt(r.get("invocation_id"))]
-            + [fmt(metrics.get(m)) for m, _, _ in METRICS]
-            + [fmt(r.get("accept_length"))]
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+MARKDOWN_TEMPLATE = "sweep_report.md.j2"
+
+
+def markdown_cell(value) -> str:
+    """A Markdown table cell: fmt() and `|` escaped."""
+    return fmt(value).replace("|", "\\|")
+
+
+def render_markdown(report: dict, templates: str = TEMPLATES) -> str:
+    """sweep.md from the report written as sweep.json (its rows, axes, summary lines, stale records and
+    plots), with templates/sweep_report.md.j2."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(cell=markdown_cell, first_line=first_line)
+    axes, arg_of = report["axes"], report["axis_args"]
+    rows = [
+        dict(
+            row,
+            axis_values=point_values(row, axes, arg_of),
+            metrics={m: (row.get("metrics") or {}).get(m) for m, _, _ in METRICS},
+            invocation_id=row.get("invocation_id"),
+            accept_length=row.get("accept_length"),
+            reason=row.get("reason"),
+            workload=row.get("workload"),
         )
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    out.append("")
-    workloads = {json.dumps(r["workload"], sort_keys=True) for r in rows if r.get("workload")}
-    for w in sorted(workloads):
-        out.append(f"Workload (python -m sglang.bench_serving): `{w}`")
-    failed = [r for r in rows if r["result"] == "failed"]
-    if failed:
-        out += ["", "## Failed points", ""]
-        out += [
-            f"- {r['host']} {r['point']}: {first_line(r.get('reason'))}" for r in failed
-        ]
-    rejected = [r for r in rows if r["result"] == "rejected"]
-    if rejected:
-        out += [
-            "",
-            "## Rejected points",
-            "",
-            "The host's build cannot honour them: refused before the host was touched, never run.",
-            "",
-        ]
-        out += [f"- {r['host']} {r['point']}: {first_line(r.get('reason'))}" for r in rejected]
-    if stale:
-        out += ["", "## Stale records (not in the current plan)", ""]
-        out += [f"- {s['host']} {s['point']} ({s['id']}): {s['result']}" for s in stale]
-    out += ["", "## Plots", ""] + [f"![{p['title']}]({p['file']})" for p in plots] + [""]
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(out))
+        for row in report["rows"]
+    ]
+    return env.get_template(MARKDOWN_TEMPLATE).render(
+        lab=report["lab_run"],
+        summary_lines=report["summary_lines"],
+        axes=axes,
+        metric_keys=[m for m, _, _ in METRICS],
+        metric_titles=[t for _, t, _ in METRICS],
+        rows=rows,
+        workloads=sorted({json.dumps(r["workload"], sort_keys=True) for r in rows if r.get("workload")}),
+        stale=report["stale"],
+        plots=report["plots"],
+    )
 
 
 def plot(out_dir: str, rows: list[dict], lab: bool, axes: list[str], arg_of: dict) -> list[dict]:
@@ -510,7 +504,6 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     plots = plot(out_dir, rows, lab, axes, arg_of)
     write_csv(os.path.join(out_dir, "sweep.csv"), rows, axes, arg_of)
-    write_markdown(os.path.join(out_dir, "sweep.md"), rows, axes, arg_of, lines, plots, stale, lab)
     report = {
         "lab_run": lab,
         "note": LAB_NOTE if lab else None,
@@ -530,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(out_dir, "sweep.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2, sort_keys=False)
         handle.write("\n")
+    with open(os.path.join(out_dir, "sweep.md"), "w", encoding="utf-8") as handle:
+        handle.write(render_markdown(report))
     print("\n".join(lines))
     print(f"report: {out_dir}/sweep.md, sweep.csv, sweep.json, " + ", ".join(p["file"] for p in plots))
     return 0

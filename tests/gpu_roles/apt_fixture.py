@@ -116,6 +116,8 @@ def build_repo(repo: Path, gnupg: Path) -> dict:
     run(['gpg', '--batch', '--yes', '--clearsign', '-o', str(repo / 'InRelease'), str(repo / 'Release')],
         env=env)
     key = run(['gpg', '--batch', '--armor', '--export'], env=env).stdout
+    # gpg started an agent for this throwaway home: stop it, or it outlives the test run.
+    run(['gpgconf', '--kill', 'gpg-agent'], env=env)
     (repo / 'test-key.asc').write_text(key)
     return {'debs': debs, 'key_sha256': hashlib.sha256(key.encode()).hexdigest()}
 

@@ -13,8 +13,10 @@ the group names are; every other sample setting applies as written (test_invento
 checks that with ansible-inventory). The NVIDIA apt source points at the signed TEST repository of
 apt_fixture.py (real package names and versions, no payload), served on the host's veth address.
 
-Then: deploy.yml converges the host (driver, CUDA toolkit, weights check, SGLang from the wheelhouse
-with the lab server as launcher), and a second run reports changed=0 with the same InvocationID.
+First `deploy.yml --check --diff` on the bare host (nothing installed) shows the whole plan and leaves
+the host as it was. Then: deploy.yml converges the host (driver, CUDA toolkit, weights check, SGLang from
+the wheelhouse with the lab server as launcher, its pip steps printed while they run), and a second run
+reports changed=0 with the same InvocationID.
 
 Needs root, lab/labctl, the wheelhouse (make wheelhouse), dpkg-deb, dpkg-scanpackages and gpg.
 Host index: $SAMPLE_LAB_INDEX (default 75). The host is always brought up here and torn down at the end:
@@ -249,6 +251,79 @@ def test_inventory_is_the_sample_except_the_named_overrides(sample_lab):
         assert effective[key] == sample[key], key
 
 
+# What the roles would create on this bare host; the dry run must leave every one absent.
+PLANNED_PATHS = [
+    '/etc/apt/keyrings/nvidia-cuda.asc', '/etc/apt/sources.list.d/nvidia-cuda.sources',
+    '/etc/apt/preferences.d/nvidia-driver.pref', '/etc/modprobe.d/blacklist-nouveau.conf',
+    '/etc/systemd/system/nvidia-device-nodes.service', CUDA_HOME, '/etc/profile.d/cuda.sh',
+    '/etc/ld.so.conf.d/cuda.conf', '/opt/sglang', '/etc/sglang', '/etc/systemd/system/sglang.service',
+    '/var/lib/sglang', '/var/lib/sglang-deploy', '/usr/local/bin/sglang-history',
+]
+# The host's state the dry run must not touch, in one round trip: which planned paths exist, the
+# installed packages and their selections, the accounts, the unit files systemd knows.
+BARE_STATE = r"""
+import hashlib, json, os, subprocess
+def sh(*argv):
+    return subprocess.run(argv, capture_output=True, text=True).stdout
+def digest(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+print(json.dumps({
+    'present': [p for p in PATHS if os.path.lexists(p)],
+    'packages': digest(sh('dpkg-query', '-W', '-f', '${Package} ${Version} ${db:Status-Abbrev}\n')),
+    'nvidia_packages': sh('dpkg-query', '-W', '-f', '${Package}\n', '*nvidia*', 'cuda-*').split(),
+    'accounts': digest(open('/etc/passwd').read() + open('/etc/group').read()),
+    'unit_files': digest(sh('systemctl', 'list-unit-files', '--no-legend')),
+}))
+"""
+
+
+def bare_state() -> dict:
+    script = BARE_STATE.replace('PATHS', repr(PLANNED_PATHS))
+    return json.loads(ssh(f'python3 -c {shlex.quote(script)}'))
+
+
+def test_check_diff_on_the_bare_host_plans_everything_and_changes_nothing(sample_lab):
+    """Issue 18: `deploy.yml --check --diff` on a GPU host with nothing installed yet shows the whole plan
+    (driver, CUDA toolkit, SGLang, the unit) and fails nowhere; the host is left as it was.
+
+    The GPU check runs as the sample has it (on): with the driver still to be installed, check mode
+    defers it to the real run instead of failing on the missing nvidia-smi."""
+    sample = sample_settings()
+    before = bare_state()
+    assert before['present'] == [] and before['nvidia_packages'] == [], f'{HOST} is not bare: {before}'
+    proc = run([str(BIN / 'ansible-playbook'), '-i', str(INVENTORY), str(REPO / 'deploy.yml'), '--check',
+                '--diff', '-e', 'nvidia_gpu_check_enabled=true'], check=False, env=ansible_env(), cwd=REPO,
+               timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f'check mode on a bare host: rc {proc.returncode}:\n{out[-8000:]}'
+    counts = recap(out, HOST)
+    assert counts['failed'] == 0 and counts['unreachable'] == 0, counts
+    flat = ' '.join(out.split())
+    driver = ', '.join(f'{name}={VERSION}-*' for name in OPEN_PACKAGES)
+    assert f'Would install the NVIDIA driver {VERSION} (open kernel modules): {driver} from ' \
+           f'{sample_lab["url"]}, held at that version.' in flat, out[-8000:]
+    assert f'GPU check deferred to the real run on {HOST}: check mode would install the NVIDIA driver ' \
+           f'{VERSION} ({", ".join(OPEN_PACKAGES)}) first.' in flat, out[-8000:]
+    assert 'GPU check DISABLED' not in flat
+    assert 'Would enable nvidia-device-nodes.service and nvidia-persistenced.service' in flat
+    assert f'Would install the CUDA 13.0 toolkit: {CUDA_PACKAGE} into {CUDA_HOME}' in flat, out[-8000:]
+    assert f'Would install SGLang {sample["sglang_version"]} from wheelhouse into /opt/sglang/venv ' \
+           '(installed: none;' in flat, out[-8000:]
+    assert 'Then the unit /etc/systemd/system/sglang.service and the environment file ' \
+           '/etc/sglang/sglang.env would be written' in flat, out[-8000:]
+    # --diff shows the files the driver and toolkit roles would write, with their content.
+    for line in (f'+URIs: {sample_lab["url"]}', '+Signed-By: /etc/apt/keyrings/nvidia-cuda.asc',
+                 '+blacklist nouveau', '+Before=sglang.service nvidia-persistenced.service',
+                 f'+export CUDA_HOME={CUDA_HOME}'):
+        assert f'\n{line}\n' in out, (line, out[-8000:])
+    # Nothing ran that only a real run may run.
+    for task in ('Install the driver packages at the pinned version', 'Check the GPUs',
+                 'Install SGLang into the virtualenv', 'Restart SGLang and wait'):
+        assert re.search(rf'TASK \[[^\]]*{re.escape(task)}[^\]]*\][^\n]*\nskipping: ', out), task
+    after = bare_state()
+    assert after == before, f'the dry run changed {HOST}: {before} -> {after}'
+
+
 def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
     sample = sample_settings()
     first = deploy(timeout=1500)
@@ -260,8 +335,18 @@ def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
     assert 'nvidia_driver SKIPPED' not in flat, 'the sample enables the driver role'
     assert 'initramfs rebuild SKIPPED: this host is a container' in flat
     # The fresh install of the suite: SGLang came from the pushed wheelhouse, through the role.
-    installed = r'TASK \[sglang : Install SGLang from the wheelhouse, version [^\]]+\][^\n]*\nchanged: '
+    installed = (r'TASK \[sglang : Install SGLang from the wheelhouse, version [^\]]+\][^\n]*\n'
+                 rf'(?:{HOST}: .*\n)*changed: ')
     assert re.search(installed, first), 'no wheelhouse install by the role on this fresh host'
+    # Issue 18: the minutes of pip say what pip is doing, a line at least every 30 s, while it runs.
+    for label in ('SGLang dependency requirements', f'SGLang {sample["sglang_version"]}'):
+        steps = re.findall(rf'^{HOST}: {re.escape(label)} \[(\d+)m(\d\d)s\]: (.+)$', first, re.MULTILINE)
+        assert steps, f'no progress lines of {label}:\n{first[-6000:]}'
+        seconds = [0] + [int(m) * 60 + int(s) for m, s, _ in steps]
+        assert max(b - a for a, b in zip(seconds, seconds[1:])) <= 30, (label, steps)
+        assert steps[-1][2].startswith('done, installed '), (label, steps[-1])
+        named = [step for _, _, step in steps if step.startswith(('Processing ', 'Installing '))]
+        assert named, (label, steps)
 
     facts = host_facts(sample['sglang_port'])
     # Driver packages: installed at the pinned version and held; the toolkit installed, not held.

@@ -206,3 +206,26 @@ def test_a_point_rejected_earlier_but_honoured_by_the_current_plan_is_pending(tm
     plan_path.write_text(json.dumps(dict(plan, rejected={'budget=8,topk=4,window=2048': 'why'})))
     rows, _, _ = report_tool.load_rows(str(state))
     assert [r['result'] for r in rows] == ['verified', 'rejected']
+
+
+@pytest.mark.parametrize('report_dir', ['docs/sweep/ddtree', 'docs/sweep'])
+def test_the_template_renders_the_committed_lab_reports_from_their_json(report_dir):
+    """sweep.md comes from templates/sweep_report.md.j2 and the report written as sweep.json: the two
+    committed LAB RUN reports (written by the sweep before the Markdown moved into the template) render
+    byte for byte from their own sweep.json."""
+    data = json.loads((REPO / report_dir / 'sweep.json').read_text())
+    assert report_tool.render_markdown(data) == (REPO / report_dir / 'sweep.md').read_text()
+
+
+def test_sweep_md_is_rendered_from_the_top_level_template(tmp_path, report):
+    """The layout lives in templates/ (what playbooks render), not in the tool: another template in its
+    place changes sweep.md, and the template sees every row with its axis values and metrics."""
+    assert (REPO / 'templates' / report_tool.MARKDOWN_TEMPLATE).is_file()
+    (tmp_path / report_tool.MARKDOWN_TEMPLATE).write_text(
+        '{% for row in rows %}{{ row.point }}={{ row.axis_values.budget | cell }}/'
+        '{{ row.metrics.output_throughput | cell }}/{{ row.invocation_id | cell }};{% endfor %}'
+    )
+    text = report_tool.render_markdown(report['data'], templates=str(tmp_path))
+    assert 'budget=16,topk=1,window=2048=16/120.00/' + invocation('budget=16,topk=1,window=2048') in text
+    assert 'mem-0.80=//;' in text  # pending: no values, no numbers, no invocation
+    assert report_tool.render_markdown(report['data']) == report['md']

@@ -1,0 +1,112 @@
+"""What deploy.yml prints and keeps per host (issue 18, item 5), on the shared lab host: one no-change deploy.
+
+The default output ends with the MANAGED running arguments as THIS invocation reported them (the values the
+running server's own /server_info holds) and the path of the full report on the controller; that report
+holds the whole /server_info the assertion read and the assertion's result. No key of /server_info outside
+the managed ones is printed (with -v Ansible prints the module results, the whole body included).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_INFO = (
+    "python3 -c \"import urllib.request; "
+    "print(urllib.request.urlopen('http://127.0.0.1:30000/server_info', timeout=10).read().decode())\""
+)
+SUMMARY_LINE = re.compile(r"^ {2}(?P<key>[a-z_]+): (?P<value>.*) \(from (?P<sources>[^)]*)\)$")
+
+
+def summary_lines(stdout: str) -> list[str]:
+    """The msg list of the task 'Show the verified running arguments', as the YAML callback printed it."""
+    if "TASK [Show the verified running arguments]" not in stdout:
+        return []
+    block = stdout.split("TASK [Show the verified running arguments]", 1)[1].split("\n\n", 1)[0]
+    return yaml.safe_load(textwrap.dedent(block.split("=>", 1)[1].split("\n", 1)[1]))["msg"]
+
+
+@pytest.fixture(scope="module")
+def run(lab_host):
+    before = lab_host.state()
+    r = lab_host.playbook("-e", "window=2048")
+    lines = summary_lines(r.stdout) if r.returncode == 0 else []
+    last = lines[-1] if lines else ""
+    found = re.fullmatch(r"Full report \(the whole /server_info and the assertion\): (\S+\.json)", last)
+    report = Path(found.group(1)) if found else None
+    try:
+        yield {
+            "r": r,
+            "lines": lines,
+            "before": before,
+            "after": lab_host.state(),
+            "report": report,
+            "server_info": json.loads(lab_host.ssh(SERVER_INFO).stdout),
+        }
+    finally:
+        if report is not None and report.parent.parent == REPO / "out" / "deploy":
+            shutil.rmtree(report.parent, ignore_errors=True)
+
+
+def test_the_summary_shows_the_managed_running_arguments_as_the_server_reports_them(lab_host, run):
+    r, server_info = run["r"], run["server_info"]
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert run["after"].invocation_id == run["before"].invocation_id  # a no-change run
+    report = json.loads(run["report"].read_text())
+    managed = set(report["intended"])
+    lines = run["lines"]
+    assert lines, "deploy.yml printed no summary (task 'Show the verified running arguments')"
+    assert lines[0] == (
+        f"{lab_host.name}: sglang.service runs the intended arguments, invocation "
+        f"{run['after'].invocation_id} (not restarted: it already ran them)"
+    )
+    assert lines[-1] == f"Full report (the whole /server_info and the assertion): {run['report']}"
+    shown = {m["key"]: (m["value"], m["sources"]) for m in map(SUMMARY_LINE.match, lines) if m}
+    assert set(shown) == managed, (sorted(shown), sorted(managed))
+    pid = run["after"].main_pid
+    for key, (value, sources) in shown.items():
+        running = server_info[key]
+        assert value == (running if isinstance(running, str) else json.dumps(running)), key
+        assert sources.startswith(f"/server_info, journal server_args, /proc/{pid}/cmdline"), (key, sources)
+    assert shown["speculative_draft_window_size"] == (
+        "2048", f"/server_info, journal server_args, /proc/{pid}/cmdline, DFLASH draft runner"
+    )
+
+
+def test_no_unmanaged_server_info_key_is_printed(run):
+    r, server_info = run["r"], run["server_info"]
+    assert r.returncode == 0 and run["report"] is not None, r.stdout[-6000:]
+    report = json.loads(run["report"].read_text())
+    unmanaged = set(server_info) - set(report["intended"])
+    assert len(unmanaged) > 400
+    # a dict printed by the YAML callback: `key: value` lines (with -v the module results hold them all)
+    printed = [k for k in unmanaged if re.search(rf"^[ \t-]*[\"']?{re.escape(k)}[\"']?:", r.stdout, re.M)]
+    assert printed == []
+    assert len(r.stdout) < len(json.dumps(server_info))
+
+
+def test_the_report_on_the_controller_holds_the_whole_server_info_and_the_assertion(lab_host, run):
+    path, server_info = run["report"], run["server_info"]
+    assert run["r"].returncode == 0, run["r"].stdout[-6000:]
+    assert path is not None and path.parent.parent == REPO / "out" / "deploy", run["r"].stdout[-3000:]
+    assert path.name == f"{lab_host.name}.json" and re.fullmatch(r"\d{8}T\d{6}Z", path.parent.name)
+    report = json.loads(path.read_text())
+    assert (report["host"], report["unit"], report["invocation_id"], report["restarted"]) == (
+        lab_host.name, "sglang.service", run["after"].invocation_id, False
+    )
+    assert set(report["server_info"]) == set(server_info)
+    for key in report["intended"]:
+        assert report["server_info"][key] == server_info[key], key
+    assertion = report["assertion"]
+    assert assertion["diff"] == [] and assertion["source"] == "/server_info"
+    assert assertion["evidence"]["invocation_id"] == run["after"].invocation_id
+    assert assertion["read_from"]["speculative_draft_window_size"][-1] == "DFLASH draft runner"
