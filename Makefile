@@ -19,12 +19,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv deps wheelhouse sglang-venv replay lab-up lab-down demo check test lint unit suite-ids lab-server \
-	lab-tooling integration molecule bench clean
+	lab-tooling integration lab-tests molecule bench clean
 
 help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
 	@echo "make check     quick feedback, no lab host, no root (<= 3 min): lint, unit tests (module docs included), suite ids"
-	@echo "make test      the whole suite: check, then lab server, lab tooling, lab integration, molecule (<= 20 min warm)"
+	@echo "make test      the whole suite: check, then lab server, lab tooling and integration in one run, molecule (<= 20 min warm)"
 	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts, write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
@@ -84,9 +84,12 @@ lint: venv
 # The parts of `make test`, as pytest arguments. `make suite-ids` checks that every test id of
 # tests/suite-baseline.txt is still collected and that every collected test is selected by one of them.
 UNIT_TESTS := -m "not lab" tests/unit tests/lab
-LAB_SERVER_TESTS := tests/lab_server
+LAB_SERVER_TESTS := -m lab_server tests/lab_server
 LAB_TOOLING_TESTS := -m lab tests/lab
 INTEGRATION_TESTS := -m lab tests --ignore=tests/lab_server --ignore=tests/lab
+# What `make test` runs after `check`, besides molecule: the three above in ONE pytest-xdist run (lab-tests),
+# so the lab server's processes on the controller fill the time the lab hosts' runs leave the CPUs idle.
+LAB_TESTS := -m "lab or lab_server" tests
 MOLECULE_EXCLUDE := gpu
 # The unit tests are independent: pytest-xdist spreads them over the CPUs (at most 4; none on 1 CPU).
 UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -ge 4 ]; then echo 4; elif [ $$n -ge 2 ]; then echo $$n; else echo 0; fi)
@@ -97,8 +100,7 @@ unit: venv sglang-venv
 	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -n $(UNIT_WORKERS) $(UNIT_TESTS)
 
 suite-ids: venv
-	$(BIN)/python tests/check_suite_ids.py --selection '$(UNIT_TESTS)' --selection '$(LAB_SERVER_TESTS)' \
-	  --selection '$(LAB_TOOLING_TESTS)' --selection '$(INTEGRATION_TESTS)' \
+	$(BIN)/python tests/check_suite_ids.py --selection '$(UNIT_TESTS)' --selection '$(LAB_TESTS)' \
 	  $(addprefix --molecule-exclude ,$(MOLECULE_EXCLUDE))
 
 check: lint unit suite-ids
@@ -118,11 +120,17 @@ lab-tooling: deps venv
 # systemd host of the tests that only need one (SGLANG_LAB_INVENTORY).
 IT_INVENTORY := inventory/lab/it.yml
 IT_WORKERS ?= 2
+define lab_run
+lab/labctl up --no-sglang-layer --hosts 1 --first-index 99 --inventory $(IT_INVENTORY)
+rc=0; SGLANG_LAB_LAYER=1 SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python \
+  $(BIN)/pytest -q -n $(IT_WORKERS) --dist loadfile --no-loadscope-reorder $(1) || rc=$$?; \
+  lab/labctl down --inventory $(IT_INVENTORY); exit $$rc
+endef
 integration: deps venv wheelhouse replay
-	lab/labctl up --no-sglang-layer --hosts 1 --first-index 99 --inventory $(IT_INVENTORY)
-	rc=0; SGLANG_LAB_LAYER=1 SGLANG_LAB_INVENTORY=$(CURDIR)/$(IT_INVENTORY) \
-	  $(BIN)/pytest -q -n $(IT_WORKERS) --dist loadfile --no-loadscope-reorder $(INTEGRATION_TESTS) || rc=$$?; \
-	  lab/labctl down --inventory $(IT_INVENTORY); exit $$rc
+	$(call lab_run,$(INTEGRATION_TESTS))
+
+lab-tests: deps venv wheelhouse replay sglang-venv
+	$(call lab_run,$(LAB_TESTS))
 
 # Every scenario but the excluded ones, each `molecule test -s` in its own process at the same time (each
 # has its own lab host, booted with the SGLang layer; molecule's --workers needs a collection layout).
@@ -136,7 +144,7 @@ molecule: deps venv wheelhouse
 	for s in $(MOLECULE_SCENARIOS); do cat .lab/molecule/$$s.log; done; \
 	if [ $$rc -ne 0 ]; then echo "molecule scenarios FAILED:$$failed (logs in .lab/molecule/)"; fi; exit $$rc
 
-test: check lab-server lab-tooling integration molecule
+test: check lab-tests molecule
 
 bench: deps venv wheelhouse
 	$(BIN)/python bench/deploy_timings.py

@@ -5,9 +5,10 @@
     python bench/suite_durations.py --junit out/suite-durations/*.xml      # read earlier results only
 
 Runs the same make targets as `make check` (lint, unit, suite-ids) and, with `lab` or `all`, the lab
-parts of `make test` (lab-server, lab-tooling, integration, molecule; root, lab hosts), one after the
-other as `make test` does. Every pytest run writes a JUnit XML (PYTEST_ADDOPTS=--junitxml=...; the
-test's time there is setup + call + teardown, as `pytest --durations=0` splits it), and each target's
+parts of `make test` (lab-tests: lab server, lab tooling and integration in one pytest-xdist run;
+molecule; root, lab hosts), one after the other as `make test` does. Every pytest run writes a JUnit
+XML (PYTEST_ADDOPTS=--junitxml=...; the test's time there is setup + call + teardown, as
+`pytest --durations=0` splits it), and each target's
 make output goes to a log beside it. Prints the wall time of each part, the 15 slowest tests and the
 total, against the budgets of issue 15 (check <= 3 min; the whole `make test` <= 20 min, caches warm).
 Exit status: 1 when a part failed, else 0 (a budget overrun is printed, not fatal).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ["lint", "unit", "suite-ids"]
-LAB = ["lab-server", "lab-tooling", "integration", "molecule"]
+LAB = ["lab-tests", "molecule"]
 PARTS = {"check": CHECK, "lab": LAB, "all": CHECK + LAB}
 BUDGET = {"check": 180, "lab": None, "all": 20 * 60}
 

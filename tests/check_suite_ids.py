@@ -6,7 +6,9 @@ Collects the ids of the whole suite the way the baseline was made:
   decides WHERE a test runs, not whether it exists);
 - every molecule scenario (``molecule/<name>`` for each ``molecule/*/molecule.yml``), the Testinfra
   tests of each scenario's ``tests/`` directory, and each failure case of a scenario's verify.yml
-  (``molecule/<name>/verify.yml::Case ...``).
+  (``molecule/<name>/verify.yml::Case ...``: a ``- name: Case ...`` task of verify.yml or of a task
+  file it imports or includes, e.g. molecule/failures/cases/*.yml; the id keeps naming verify.yml,
+  which runs the case, so moving a case between files does not rename it).
 
 FAILS, listing them, when an id of ``tests/suite-baseline.txt`` is no longer collected. A test that
 moved or was renamed stays listed in the baseline as ``old_id -> new_id`` (the new id must then be
@@ -41,6 +43,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "tests" / "suite-baseline.txt"
 CASE = re.compile(r"""^\s*-\s+name:\s+(["']?)(Case .+?)\1\s*$""")
+# A task file verify.yml imports or includes by a literal path (relative to the file naming it).
+TASK_FILE = re.compile(
+    r"""^\s*(?:-\s+)?(?:ansible\.builtin\.)?(?:import|include)_tasks:\s*(?:file:\s*)?(["']?)([^"'{}\s]+)\1\s*$"""
+)
 
 
 def pytest_ids(args: list[str]) -> set[str]:
@@ -68,12 +74,30 @@ def molecule_ids() -> dict[str, set[str]]:
             ids |= pytest_ids([f"{rel}/tests"])
         verify = scenario / "verify.yml"
         if verify.is_file():
-            for line in verify.read_text().splitlines():
-                match = CASE.match(line)
-                if match:
-                    ids.add(f"{rel}/verify.yml::{match.group(2)}")
+            ids |= {f"{rel}/verify.yml::{case}" for case in case_names(verify)}
         out[scenario.name] = ids
     return out
+
+
+def case_names(path: Path, seen: frozenset[Path] = frozenset()) -> list[str]:
+    """The ``Case ...`` task names of ``path`` and of the task files it imports or includes, in order.
+
+    FAILS (exits) when an imported file is missing: its cases would silently drop out of the suite."""
+    names = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        match = CASE.match(line)
+        if match:
+            names.append(match.group(2))
+            continue
+        match = TASK_FILE.match(line)
+        if match:
+            child = (path.parent / match.group(2)).resolve()
+            if not child.is_file():
+                where = f"{path.relative_to(REPO)}:{number}"
+                sys.exit(f"check_suite_ids: {where} imports {match.group(2)}, which is not a file")
+            if child not in seen:
+                names += case_names(child, seen | {path.resolve()})
+    return names
 
 
 @functools.cache
@@ -134,7 +158,8 @@ def read_baseline(path: Path) -> dict[str, list[str]]:
             continue
         if " -> " in line:
             old, new = line.split(" -> ", 1)
-            targets = [t.strip() for t in new.split(", ") if t.strip()]
+            # New ids are separated by ", " before a path: a case name may contain ", " itself.
+            targets = [t.strip() for t in re.split(r", (?=[\w.-]+/)", new) if t.strip()]
             if not targets:
                 sys.exit(f"{path}:{number}: '{line}' names no new id")
             wanted[old.strip()] = targets

@@ -1,6 +1,6 @@
-"""Suite-wide: the order in which pytest-xdist hands out the lab test files (`make integration`).
+"""Suite-wide: the order in which pytest-xdist hands out the lab test files (`make lab-tests`).
 
-`make integration` runs the lab tests on pytest-xdist workers with `--dist loadfile
+`make lab-tests` (and `make integration`) run the lab tests on pytest-xdist workers with `--dist loadfile
 --no-loadscope-reorder`: each test FILE runs whole on one worker (its module fixtures own a lab host;
 tests/integration/conftest.py gives every worker its own shared host), and the files are handed out in
 collection order as workers become free. Longest first keeps the workers finishing together, so the
@@ -26,6 +26,10 @@ LAB_FILE_SECONDS = {
     "tests/integration/test_bad_inputs.py": 65,
     "tests/integration/test_ddtree.py": 60,
     "tests/integration/test_nccl_environment.py": 45,
+    # make lab-tests: the lab server's processes on the controller, and labctl's own two hosts.
+    "tests/lab_server/test_lab_server.py": 120,
+    "tests/lab_server/test_parse_cache.py": 35,
+    "tests/lab/test_labctl.py": 10,
 }
 
 

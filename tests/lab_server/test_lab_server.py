@@ -31,6 +31,7 @@ SECRET = "SENTINEL-SECRET-9f3c"
 START_TIMEOUT = 120  # importing torch + resolving takes ~12 s on a 2-core VM
 
 pytestmark = [
+    pytest.mark.lab_server,
     pytest.mark.slow,
     pytest.mark.skipif(
         not os.access(PYTHON, os.X_OK),

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from test_lab_server import PYTHON, REPO, SERVER, Server, dflash_argv, free_port
 
+pytestmark = pytest.mark.lab_server
 needs_sglang = pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"no SGLang interpreter at {PYTHON}")
 READY = r"The server is fired up and ready to roll!"
 TIMINGS: dict[str, float] = {}
