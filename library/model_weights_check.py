@@ -1,5 +1,5 @@
 #!/usr/bin/python
-# Copyright: contributors to this repository
+# Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# Copyright: contributors to this repository
+# Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Redaction of secrets in SGLang settings, argv, journal excerpts and HTTP bodies.
 
