@@ -62,12 +62,11 @@ def _value_of(node, source):
 def _split_top_level(text, start):
     """Split ``text[start:]`` at top-level commas until the bracket opened before ``start`` closes.
 
-    Returns ``(items, closed)``; ``closed`` is False when the text ends first (a cut line).
-    Quotes (with backslash escapes) and nested ()[]{} are respected.
+    Returns ``(items, end)``; ``end`` is the index of that closing bracket, None when the text ends
+    first (a cut line). Quotes (with backslash escapes) and nested ()[]{} are respected.
     """
-    items, depth, quote, i, begin = [], 0, None, start, start
-    n = len(text)
-    while i < n:
+    depth, quote, i, begin, items = 0, None, start, start, []
+    while i < len(text):
         c = text[i]
         if quote:
             if c == '\\':
@@ -82,21 +81,21 @@ def _split_top_level(text, start):
         elif c in ')]}':
             if depth == 0:
                 items.append(text[begin:i])
-                return [s for s in items if s.strip()], True
+                return [s for s in items if s.strip()], i
             depth -= 1
         elif c == ',' and depth == 0:
             items.append(text[begin:i])
             begin = i + 1
         i += 1
     items.append(text[begin:])
-    return [s for s in items if s.strip()], False
+    return [s for s in items if s.strip()], None
 
 
 def _parse_items(text, start, form):
     """Item-by-item parse used when the whole repr does not parse (cut or odd line)."""
-    items, closed = _split_top_level(text, start)
+    items, end = _split_top_level(text, start)
     result = {}
-    complete = closed
+    complete = end is not None
     for raw in items:
         item = raw.strip()
         try:
@@ -135,11 +134,7 @@ def parse_server_args(text):
         raise ServerArgsParseError(
             f'server_args= is followed by neither "{{" nor "ServerArgs(": {body[:40]!r}'
         )
-    items, closed = _split_top_level(body, open_at)
-    end = None
-    if closed:
-        # position of the closing bracket: re-scan is cheap and keeps the splitter simple
-        end = _closing_index(body, open_at)
+    _, end = _split_top_level(body, open_at)
     whole = body[: end + 1] if end is not None else body
     try:
         tree = ast.parse(whole, mode='eval').body
@@ -167,28 +162,6 @@ def parse_server_args(text):
     if not args:
         raise ServerArgsParseError(f'could not parse the {form} form after server_args=')
     return {'form': form, 'args': args, 'partial': not complete}
-
-
-def _closing_index(text, open_at):
-    depth, quote, i = 0, None, open_at
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == '\\':
-                i += 2
-                continue
-            if c == quote:
-                quote = None
-        elif c in '\'"':
-            quote = c
-        elif c in '([{':
-            depth += 1
-        elif c in ')]}':
-            if depth == 0:
-                return i
-            depth -= 1
-        i += 1
-    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,14 @@ def test_dataclass_form_complete_line():
     assert list(r['args'])[-1] == 'forward_hooks'
 
 
+def test_text_after_the_closing_bracket_is_not_part_of_the_arguments():
+    """The repr ends at the bracket that closes it; what follows on the line does not make it partial."""
+    line = (D / 'dflash-2048.log').read_text().rstrip('\n')
+    r = sa.parse_server_args(line + ' (logged once) {not: args}')
+    assert r == sa.parse_server_args(line)
+    assert r['partial'] is False and r['args']['speculative_draft_window_size'] == 2048
+
+
 def test_cut_dataclass_line_parses_up_to_the_break():
     r = parsed('dataclass-issue-12726.txt')
     assert r['form'] == 'dataclass' and r['partial'] is True
