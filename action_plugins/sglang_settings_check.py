@@ -5,6 +5,9 @@
 Every rule is evaluated (not only up to the first failure) and each failure is one sentence that
 names the variable; the task fails with all of them. Nothing reaches the host. One task instead
 of one assert per rule: a no-change deploy pays ~40 ms of Ansible overhead per task.
+Over 500 lines on purpose: one short check_* function per group of rules (types, key, paths,
+speculative settings, profile, points, knobs, environment, NCCL, extra args, service, install); they are
+the one place these rules live, and this one task runs them all.
 
 Values that are secret never appear in a message: sglang_api_key is described, never shown, and an
 extra argument that carries a secret flag is refused without its value (and without the per-item

@@ -13,6 +13,9 @@ rules, the running-arguments assertion, plan and drift) reads these tables; none
   environment, values it forces, its limits, the form of its startup line. Each cites its source;
 * the draft-runner line (``parse_draft_runner``) and the one argv reader (``read_argv``).
 
+Over 500 lines on purpose: it is the one owner of this knowledge, and the tables (keys, knobs,
+profiles) refer to each other; split across files, they would again be read from several places.
+
 Pure standard library (the controller's action plugins load this file by path; modules import it
 as ``ansible.module_utils.sglang_options``). Errors are ``ValueError`` naming the setting.
 """

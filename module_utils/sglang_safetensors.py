@@ -14,6 +14,10 @@ enforces when it opens a file (``Metadata::validate``): offsets are relative to 
 buffer without holes or overlaps, ``end - begin`` equals the tensor's byte size, and the buffer ends
 exactly at the end of the file. Hence ``file size == 8 + N + max(end)`` for a complete file; smaller
 means truncated.
+
+Over 500 lines on purpose: one reading of a checkpoint directory (the shard headers, then the
+checkpoint's manifest, remote code, tokenizer and revision, each a named step of ``_CheckpointCheck``),
+which both weights modules call whole.
 """
 
 from __future__ import annotations
