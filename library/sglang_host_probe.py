@@ -1,0 +1,475 @@
+#!/usr/bin/python
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+---
+module: sglang_host_probe
+short_description: Read in one round trip what the sglang role would have to change on a host
+description:
+  - One call that reads, and never changes, everything the sglang role decides on before it touches
+    the host, so that a run that changes nothing stays fast; the tasks that fix a difference are the
+    ordinary idempotent modules and run only for what the probe flags.
+  - The Debian packages O(packages) that are not installed (C(dpkg-query), status C(ii) counts as
+    installed).
+  - Whether the virtualenv O(venv) has an executable C(bin/python), and the SGLang version(s) installed
+    in it, read from the C(sglang-*.dist-info/METADATA) files (no import, no torch).
+  - The install marker O(marker) (JSON), the role's directories O(dirs) and O(user_dirs) (type, owner,
+    group, mode), the service account O(user) and its group, the files O(files) (content sha1, owner,
+    group, mode), the sha256 of each file of O(sha256), whether each file of O(modes) has its owner,
+    group and mode, and the unit's state (C(systemctl show)).
+  - Needs no root. What it cannot read (a file, a directory, a marker it has no permission for) is
+    reported as not good (a missing sha256, a bad directory or file, no marker), never as an error, so
+    a check-mode plan run as another account shows a difference instead of failing.
+version_added: "0.1.0"
+author: sglang-deploy contributors
+options:
+  venv:
+    description: SGLang's virtualenv.
+    type: path
+    required: true
+  marker:
+    description: JSON file the role writes into the virtualenv after an install (what was installed).
+    type: path
+    required: true
+  packages:
+    description: Debian packages the role needs on the host.
+    type: list
+    elements: str
+    default: []
+  dirs:
+    description: Directories the role owns, each with its owner, group and mode.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Directory.
+        type: path
+        required: true
+      owner:
+        description: Owner (user name).
+        type: str
+        required: true
+      group:
+        description: Group name.
+        type: str
+        required: true
+      mode:
+        description: Mode as an octal string, e.g. C("0750") (a YAML number is refused).
+        type: raw
+        required: true
+  user_dirs:
+    description:
+      - Directories of the service account, owned by O(user.name):O(user.group) with mode O(user_dir_mode).
+    type: list
+    elements: path
+    default: []
+  user_dir_mode:
+    description: Mode of each of O(user_dirs) as an octal string (a YAML number is refused).
+    type: raw
+    default: "0750"
+  user:
+    description: The service account the role wants.
+    type: dict
+    required: true
+    suboptions:
+      name:
+        description: User name.
+        type: str
+        required: true
+      group:
+        description: Its primary group (which must exist).
+        type: str
+        required: true
+      home:
+        description: Its home directory.
+        type: path
+        required: true
+      shell:
+        description: Its login shell.
+        type: str
+        required: true
+  files:
+    description: Files the role installs, each with the sha1 of its content, its owner, group and mode.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: File (a symlink is not good).
+        type: path
+        required: true
+      sha1:
+        description: sha1 (hex) of the content the role installs.
+        type: str
+        required: true
+      mode:
+        description: Mode as an octal string (a YAML number is refused).
+        type: raw
+        required: true
+      owner:
+        description: Owner (user name).
+        type: str
+        default: root
+      group:
+        description: Group name.
+        type: str
+        default: root
+  unit:
+    description: The systemd unit, e.g. C(sglang.service).
+    type: str
+    required: true
+  sha256:
+    description:
+      - Name -> path of each file whose content sha256 is returned (C(null) when missing or unreadable).
+    type: dict
+    default: {}
+  modes:
+    description:
+      - Name -> C({path, mode, group, owner}) of each file whose owner, group and mode are checked (a
+        symlink or a missing file is not good). C(mode) is an octal string; C(owner) and C(group) default
+        to C(root).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+    details: The module never changes anything; it runs the same in check mode.
+  diff_mode:
+    support: none
+'''
+
+EXAMPLES = r'''
+- name: Probe the packages, account, directories, virtualenv, SGLang version and unit state
+  sglang_host_probe:
+    venv: /opt/sglang/venv
+    marker: /opt/sglang/venv/sglang-deploy-install.json
+    packages: [python3-venv, rsync]
+    dirs:
+      - {path: /etc/sglang, owner: root, group: root, mode: "0755"}
+    user_dirs: [/var/lib/sglang, /var/lib/sglang/.cache]
+    user_dir_mode: "0750"
+    user: {name: sglang, group: sglang, home: /var/lib/sglang, shell: /usr/sbin/nologin}
+    files:
+      - {path: /usr/local/bin/sglang-history, sha1: 6f1ed002ab5595859014ebf0951522d9e2b4d4b8, mode: "0755"}
+    unit: sglang.service
+    sha256:
+      unit: /etc/systemd/system/sglang.service
+      env: /etc/sglang/sglang.env
+    modes:
+      unit: {path: /etc/systemd/system/sglang.service, mode: "0644"}
+      config: {path: /etc/sglang/sglang.yaml, mode: "0640", group: sglang}
+  register: __sglang_probe_result
+'''
+
+RETURN = r'''
+venv:
+  description: O(venv)/bin/python exists and is executable.
+  returned: always
+  type: bool
+versions:
+  description:
+    - Version of each SGLang dist-info in the virtualenv's site-packages (sorted by path; empty when none).
+  returned: always
+  type: list
+  elements: str
+  sample: ["0.5.23"]
+marker:
+  description: The install marker's JSON content; null when it is missing, unreadable or not JSON.
+  returned: always
+  type: raw
+missing_packages:
+  description: The packages of O(packages) that are not installed, in the order given.
+  returned: always
+  type: list
+  elements: str
+bad_dirs:
+  description:
+    - The paths of O(dirs) and O(user_dirs) that are missing, not a directory, unreadable or have another
+      owner, group or mode.
+  returned: always
+  type: list
+  elements: str
+group_ok:
+  description: The group O(user.group) exists.
+  returned: always
+  type: bool
+user_ok:
+  description:
+    - The group exists and the account O(user.name) exists with that primary group, O(user.home) and
+      O(user.shell).
+  returned: always
+  type: bool
+bad_files:
+  description:
+    - The paths of O(files) that are missing, not a regular file, unreadable or differ in content, owner,
+      group or mode.
+  returned: always
+  type: list
+  elements: str
+sha256:
+  description: Name -> sha256 (hex) of each file of O(sha256); null when missing or unreadable.
+  returned: always
+  type: dict
+  sample: {"unit": "9f2c...", "env": null}
+modes_ok:
+  description: Name -> whether each file of O(modes) is a regular file with its owner, group and mode.
+  returned: always
+  type: dict
+  sample: {"unit": true, "env": false}
+systemd:
+  description:
+    - C(systemctl show) properties of O(unit) (LoadState, ActiveState, SubState, UnitFileState,
+      NeedDaemonReload, InvocationID, MainPID); C(LoadState=not-found) when there is no such unit; empty
+      when systemctl failed (with a warning).
+  returned: always
+  type: dict
+  sample: {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "MainPID": "1234"}
+'''
+
+import glob
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_systemd import SystemctlError
+from ansible.module_utils.sglang_systemd import show as systemctl_show
+
+PROBE_PROPERTIES = (
+    'LoadState', 'ActiveState', 'SubState', 'UnitFileState', 'NeedDaemonReload', 'InvocationID', 'MainPID',
+)
+DPKG_FORMAT = '${Package} ${db:Status-Abbrev}\n'
+C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
+MODE_RE = re.compile(r'^0?[0-7]{3,4}$')
+
+
+class BadMode(ValueError):
+    pass
+
+
+def parse_mode(text, where):
+    if not isinstance(text, str) or not MODE_RE.match(text):
+        raise BadMode(f'{where}: mode must be an octal string such as "0750", got {text!r}')
+    return int(text, 8)
+
+
+def installed_versions(venv):
+    """Version: of each sglang dist-info METADATA in the venv (the header ends at the first empty line)."""
+    versions = []
+    site = os.path.join(glob.escape(venv), 'lib', 'python3*', 'site-packages')
+    pattern = os.path.join(site, 'sglang-*.dist-info', 'METADATA')
+    for meta in sorted(glob.glob(pattern)):
+        try:
+            with open(meta, encoding='utf-8', errors='replace') as handle:
+                for line in handle:
+                    if line.startswith('Version:'):
+                        versions.append(line.split(':', 1)[1].strip())
+                        break
+                    if not line.strip():
+                        break
+        except OSError:
+            continue
+    return versions
+
+
+def read_marker(path):
+    try:
+        with open(path, encoding='utf-8') as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def parse_dpkg_status(text):
+    """Names whose ``${db:Status-Abbrev}`` is ``ii`` (installed) in ``dpkg-query -W -f=DPKG_FORMAT``."""
+    installed = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[1] == 'ii':
+            installed.add(fields[0])
+    return installed
+
+
+def missing_packages(module, packages):
+    if not packages:
+        return []
+    cmd = [module.get_bin_path('dpkg-query', required=True), '-W', f'-f={DPKG_FORMAT}', *packages]
+    rc, out, err = module.run_command(cmd, environ_update=C_ENV)
+    # rc 1: some name is not known to dpkg at all (it is then missing); the others are still listed.
+    if rc not in (0, 1):
+        module.warn(f'dpkg-query failed (rc={rc}): {err.strip()}; unlisted packages count as missing')
+    installed = parse_dpkg_status(out)
+    return [name for name in packages if name not in installed]
+
+
+def owned(st, owner, group, mode):
+    """``st`` has owner ``owner``, group ``group`` (names) and permission bits ``mode`` (int)."""
+    try:
+        return (pwd.getpwuid(st.st_uid).pw_name == owner and grp.getgrgid(st.st_gid).gr_name == group
+                and stat.S_IMODE(st.st_mode) == mode)
+    except KeyError:
+        return False
+
+
+def dir_good(path, owner, group, mode):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and owned(st, owner, group, mode)
+
+
+def file_digest(path, algorithm):
+    digest = hashlib.new(algorithm)
+    with open(path, 'rb') as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_good(item):
+    try:
+        st = os.lstat(item['path'])
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        return (file_digest(item['path'], 'sha1') == item['sha1'].lower()
+                and owned(st, item['owner'], item['group'], item['mode']))
+    except OSError:
+        return False
+
+
+def account(user):
+    """(group_ok, user_ok) of the service account."""
+    try:
+        grp.getgrnam(user['group'])
+    except KeyError:
+        return False, False
+    try:
+        pw = pwd.getpwnam(user['name'])
+        primary = grp.getgrgid(pw.pw_gid).gr_name
+    except KeyError:
+        return True, False
+    return True, pw.pw_dir == user['home'] and pw.pw_shell == user['shell'] and primary == user['group']
+
+
+def sha256_of(path):
+    try:
+        return file_digest(path, 'sha256')
+    except OSError:
+        return None
+
+
+def mode_ok(item):
+    try:
+        st = os.lstat(item['path'])
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and owned(st, item['owner'], item['group'], item['mode'])
+
+
+def checked_modes(modes):
+    """The O(modes) entries with owner/group defaults and int modes; BadMode on a malformed one."""
+    out = {}
+    for name, item in modes.items():
+        if not isinstance(item, dict) or not isinstance(item.get('path'), str) or 'mode' not in item:
+            raise BadMode(f'modes.{name}: must be a mapping with path and mode, got {item!r}')
+        out[name] = {
+            'path': item['path'],
+            'mode': parse_mode(item['mode'], f'modes.{name}'),
+            'owner': str(item.get('owner') or 'root'),
+            'group': str(item.get('group') or 'root'),
+        }
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            venv=dict(type='path', required=True),
+            marker=dict(type='path', required=True),
+            packages=dict(type='list', elements='str', default=[]),
+            dirs=dict(
+                type='list',
+                elements='dict',
+                default=[],
+                options=dict(
+                    path=dict(type='path', required=True),
+                    owner=dict(type='str', required=True),
+                    group=dict(type='str', required=True),
+                    mode=dict(type='raw', required=True),
+                ),
+            ),
+            user_dirs=dict(type='list', elements='path', default=[]),
+            user_dir_mode=dict(type='raw', default='0750'),
+            user=dict(
+                type='dict',
+                required=True,
+                options=dict(
+                    name=dict(type='str', required=True),
+                    group=dict(type='str', required=True),
+                    home=dict(type='path', required=True),
+                    shell=dict(type='str', required=True),
+                ),
+            ),
+            files=dict(
+                type='list',
+                elements='dict',
+                default=[],
+                options=dict(
+                    path=dict(type='path', required=True),
+                    sha1=dict(type='str', required=True),
+                    mode=dict(type='raw', required=True),
+                    owner=dict(type='str', default='root'),
+                    group=dict(type='str', default='root'),
+                ),
+            ),
+            unit=dict(type='str', required=True),
+            sha256=dict(type='dict', default={}),
+            modes=dict(type='dict', default={}),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    user = p['user']
+    try:
+        dirs = [dict(item, mode=parse_mode(item['mode'], f"dirs {item['path']}")) for item in p['dirs']]
+        user_dir_mode = parse_mode(p['user_dir_mode'], 'user_dir_mode')
+        files = [dict(item, mode=parse_mode(item['mode'], f"files {item['path']}")) for item in p['files']]
+        modes = checked_modes(p['modes'])
+    except BadMode as exc:
+        module.fail_json(msg=str(exc))
+    dirs += [{'path': path, 'owner': user['name'], 'group': user['group'], 'mode': user_dir_mode}
+             for path in p['user_dirs']]
+
+    group_ok, user_ok = account(user)
+    try:
+        systemd = systemctl_show(module, p['unit'], PROBE_PROPERTIES)
+    except SystemctlError as exc:
+        module.warn(f'{exc}; the unit state is unknown')
+        systemd = {}
+    module.exit_json(
+        changed=False,
+        venv=os.access(os.path.join(p['venv'], 'bin', 'python'), os.X_OK),
+        versions=installed_versions(p['venv']),
+        marker=read_marker(p['marker']),
+        missing_packages=missing_packages(module, p['packages']),
+        bad_dirs=[item['path'] for item in dirs if not dir_good(item['path'], item['owner'], item['group'],
+                                                                  item['mode'])],
+        group_ok=group_ok,
+        user_ok=user_ok,
+        bad_files=[item['path'] for item in files if not file_good(item)],
+        sha256={name: sha256_of(str(path)) for name, path in p['sha256'].items()},
+        modes_ok={name: mode_ok(item) for name, item in modes.items()},
+        systemd=systemd,
+    )
+
+
+if __name__ == '__main__':
+    main()
