@@ -17,6 +17,7 @@ import pytest
 # Wall seconds of each lab test file on one worker (its fixtures' lab hosts and deploys included).
 LAB_FILE_SECONDS = {
     "tests/integration/test_sweep.py": 265,
+    "tests/integration/test_router_role.py": 255,
     "tests/integration/test_gitops.py": 210,
     "tests/gpu_roles/test_sample_inventory.py": 180,
     "tests/integration/test_role_convergence.py": 130,
