@@ -209,7 +209,9 @@ def test_changed_dependency_requirements_rerun_the_install_once(lab_host, small_
     try:
         r = run(lab_host, "extended list", "-e", "window=2048", extra=extra)
         ok(r)
-        assert task_status(r, INSTALL_DEPS) == "changed", r.stdout[-6000:]
+        # The install ran again for the changed list; pip found idna>=3 already satisfied and installed
+        # nothing, so sglang_pip (changed read from pip's output) reports ok, not changed.
+        assert task_status(r, INSTALL_DEPS) == "ok", r.stdout[-6000:]
         assert task_status(r, RECORD_INSTALL) == "changed"
         wanted = {"resolved_by_pip": False, "requirements_sha256": requirements_sha256(extended)}
         assert marker(lab_host) == dict(baseline, dependencies=wanted)
@@ -228,7 +230,7 @@ def test_changed_dependency_requirements_rerun_the_install_once(lab_host, small_
         # Back to the lab list: a changed list again, so the install runs again.
         r = run(lab_host, "lab list again", "-e", "window=2048", extra=small)
     ok(r)
-    assert task_status(r, INSTALL_DEPS) == "changed", r.stdout[-6000:]
+    assert task_status(r, INSTALL_DEPS) == "ok", r.stdout[-6000:]  # ran; every pin already installed
     assert marker(lab_host) == baseline
     assert lab_host.state() == before
 
