@@ -4,6 +4,12 @@
 
     <venv>/bin/python /opt/sglang-lab/sglang_lab_server.py <argv exactly as `sglang serve` gets it>
 
+One file on purpose: lab/labctl (install_payload) copies exactly this file to /opt/sglang-lab/ on every
+host at every `up`, and the lab inventory's sglang_launcher runs it there as a script with the SGLang
+venv's python (no package of ours on the host's path); the parse cache's key pins this file's sha256
+(THIS_FILE), so any change to the server invalidates what it stored. Split into modules, both would have
+to learn every part.
+
 Real (the INSTALLED SGLang does it): argument parsing (`prepare_server_args`; argparse errors print
 SGLang's usage and exit 2), resolution (`resolve_once`, `check_server_args`, `resolve_auto_parsers`;
 semantic errors print SGLang's traceback and exit 1) with SGLang's own warnings, the log format
@@ -1250,252 +1256,299 @@ def serving_api() -> types.SimpleNamespace:
                                  build_sse_content=build_sse_content, decide_request_auth=decide_request_auth)
 
 
-def make_handler(lab: Lab):
+PHRASES = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 503: "Service Unavailable"}
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def route_table(lab: Lab) -> dict[tuple[str, str], str]:
+    """(method, path) -> the LabHandler method answering it: the endpoints of this build, era and flags."""
+    get, post = ("GET",), ("POST", "PUT")
+    paths = {"/health": (get, "health"), "/health_generate": (get, "health"), "/ready": (get, "ready"),
+             "/get_server_info": (get, "server_info"), "/get_model_info": (get, "model_info"),
+             "/v1/models": (get, "models"), "/generate": (post, "generate"),
+             "/v1/chat/completions": (("POST",), "chat"), "/flush_cache": (("GET", "POST"), "flush_cache")}
+    if not lab.old_api:
+        paths.update({"/server_info": (get, "server_info"), "/model_info": (get, "model_info")})
+    if not lab.old_api and lab.replay is None:  # SGLang 0.5.23's load report (entrypoints/v1_loads.py)
+        paths["/v1/loads"] = (get, "loads")
+    if lab.resolved.get("enable_metrics"):
+        paths["/metrics"] = (get, "metrics")
+    return {(method, path): name for path, (methods, name) in paths.items() for method in methods}
+
+
+def make_handler(lab: Lab) -> type[LabHandler]:
+    """The request handler class of `lab`'s HTTP server: LabHandler bound to the lab, its API and routes."""
     api = replay_serving_api() if lab.replay is not None else serving_api()
+    return type("Handler", (LabHandler,), {"lab": lab, "api": api, "routes": route_table(lab)})
 
-    phrases = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-               405: "Method Not Allowed", 503: "Service Unavailable"}
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version, server_version, sys_version = "HTTP/1.1", "sglang-lab-server", ""
+def prompts_of(req: dict) -> tuple[list[tuple[str, int]], bool]:
+    """/generate's prompts as (prompt, its token count), and whether the request is a batch."""
+    text, ids = req.get("text"), req.get("input_ids")
+    if text is None and ids is None:
+        raise ValueError("Either text, input_ids or input_embeds should be provided.")
+    batch = isinstance(text, list) if text is not None else bool(ids) and isinstance(ids[0], list)
+    if text is not None:
+        return [(str(t), count_tokens(str(t))) for t in (text if batch else [text])], batch
+    return [(str(i), len(i)) for i in (ids if batch else [ids])], batch
 
-        def log_message(self, *_: object) -> None:  # replaced by uvicorn's access line
+
+class ChatTurn:
+    """One /v1/chat/completions request, as the lab answers it."""
+
+    def __init__(self, req: dict) -> None:
+        self.req = req
+        self.model, messages = req.get("model") or "default", req.get("messages") or []
+        self.prompt = " ".join(str(m.get("content")) for m in messages)
+        self.prompt_tokens, self.rid = count_tokens(self.prompt), "chatcmpl-" + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.max_new = int(req.get("max_completion_tokens") or req.get("max_tokens") or 128)
+
+
+class LabHandler(BaseHTTPRequestHandler):
+    """SGLang's HTTP server as the lab serves it. make_handler binds `lab`, `api` (SGLang's response models,
+    SSE encoder and API-key decision) and `routes` (route_table); do_GET/do_POST/do_PUT check the API key,
+    then dispatch to one method per endpoint."""
+
+    protocol_version, server_version, sys_version = "HTTP/1.1", "sglang-lab-server", ""
+    lab: Lab
+    api: types.SimpleNamespace
+    routes: dict[tuple[str, str], str]
+
+    # ------------------------------------------------------------------------------------ plumbing
+    def log_message(self, *_: object) -> None:  # replaced by uvicorn's access line
+        pass
+
+    def access(self, status: int) -> None:
+        emit_uvicorn("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
+                             f'{self.path} HTTP/1.1" {status} {PHRASES.get(status, "")}'.rstrip())
+
+    def send(self, status: int, body: object = b"", ctype: str | None = "application/json") -> None:
+        if not isinstance(body, bytes):
+            body = json.dumps(body, default=str, allow_nan=False).encode()
+        self.send_response(status)
+        if body and ctype:
+            self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.access(status)
+
+    def body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+
+    def query(self) -> dict[str, str]:
+        """FastAPI's scalar query parameters: the last value of each name."""
+        pairs = urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
+        return dict(pairs)
+
+    def invalid(self, name: str, msg: str, raw: str) -> None:
+        """SGLang's RequestValidationError handler: 400, the legacy ErrorResponse envelope (the message
+        names the parameter as pydantic's error list does; its exact wording is FastAPI's)."""
+        errors = [{"loc": ("query", name), "msg": msg, "input": raw}]
+        self.send(400, {"object": "error", "message": str(errors), "type": "Bad Request", "param": None,
+                        "code": 400})
+
+    def stream(self, chunks) -> None:
+        """text/event-stream with chunked transfer encoding, as uvicorn sends a StreamingResponse."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+        def then_done():  # lazily: unpacking (*chunks, ...) would wait for the last forward
+            yield from chunks
+            yield "data: [DONE]\n\n"
+
+        for data in then_done():
+            raw = data.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.access(200)
+
+    # ------------------------------------------------------------------------------------ dispatch
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        path = self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            return
+        try:
+            self.dispatch(path)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self.send(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
+        except ConnectionError:  # the client went away mid-stream
             pass
 
-        def access(self, status: int) -> None:
-            emit_uvicorn("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
-                                 f'{self.path} HTTP/1.1" {status} {phrases.get(status, "")}'.rstrip())
+    do_POST = do_PUT = do_GET  # noqa: N815
 
-        def send(self, status: int, body: object = b"", ctype: str | None = "application/json") -> None:
-            if not isinstance(body, bytes):
-                body = json.dumps(body, default=str, allow_nan=False).encode()
-            self.send_response(status)
-            if body and ctype:
-                self.send_header("content-type", ctype)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            self.access(status)
+    def authorized(self, path: str) -> bool:
+        """SGLang's own decision (False: 401/403 answered); /health*, /ready, /metrics are exempt."""
+        api, resolved = self.api, self.lab.resolved
+        decision = api.decide_request_auth(
+            method=self.command, path=path, authorization_header=self.headers.get("Authorization"),
+            api_key=resolved.get("api_key"), admin_api_key=resolved.get("admin_api_key"),
+            auth_level=api.AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else api.AuthLevel.NORMAL)
+        if not decision.allowed:
+            code = decision.error_status_code
+            self.send(code, {"error": "Unauthorized" if code == 401 else "Forbidden"})
+        return decision.allowed
 
-        def body(self) -> dict:
-            return json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+    def dispatch(self, path: str) -> None:
+        """The endpoint's method; 404 for a path this server lacks, 405 for a method the path refuses."""
+        name = self.routes.get((self.command, path))
+        known = path.startswith("/v1/models/") or any(path == served for _, served in self.routes)
+        if name is None and path.startswith("/v1/models/") and self.command == "GET":
+            name = "one_model"
+        if name is not None:
+            getattr(self, name)()
+        elif not known:
+            self.send(404, {"detail": "Not Found"})
+        else:
+            self.send(405, {"detail": "Method Not Allowed"})
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?", 1)[0]
-            # SGLang's own decision; /health*, /ready, /metrics are exempt
-            decision = api.decide_request_auth(
-                method=self.command, path=path, authorization_header=self.headers.get("Authorization"),
-                api_key=lab.resolved.get("api_key"), admin_api_key=lab.resolved.get("admin_api_key"),
-                auth_level=api.AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else api.AuthLevel.NORMAL)
-            if not decision.allowed:
-                code = decision.error_status_code
-                self.send(code, {"error": "Unauthorized" if code == 401 else "Forbidden"})
-                return
-            route = routes.get(path)
-            if route is None and path.startswith("/v1/models/"):
-                route = (("GET",), Handler.one_model)
+    # ------------------------------------------------------------------------------------ endpoints
+    def health(self) -> None:  # /health, /health_generate
+        if self.lab.gracefully_exit:
+            log.info("Health check request received during shutdown. Returning 503.")
+        self.send(200 if self.lab.up and not self.lab.gracefully_exit else 503)
+
+    def ready(self) -> None:
+        self.send(200 if self.lab.up and not self.lab.gracefully_exit else 503)
+
+    def deprecated(self, old: str, new: str) -> None:
+        if not self.lab.old_api:  # an older server has only the old name and does not warn
+            log.warning(f"Endpoint '{old}' is deprecated and will be removed in a future version. "
+                        f"Please use '{new}' instead.")
+
+    def server_info(self) -> None:  # /server_info, /get_server_info
+        if self.path.startswith("/get_"):
+            self.deprecated("/get_server_info", "/server_info")
+        self.send(200, self.lab.server_info())
+
+    def model_info(self) -> None:  # /model_info, /get_model_info
+        if self.path.startswith("/get_"):
+            self.deprecated("/get_model_info", "/model_info")
+        self.send(200, self.lab.model_info())
+
+    def card(self, name: str) -> object:
+        return self.api.ModelCard(id=name, root=name, max_model_len=self.lab.context_len)
+
+    def models(self) -> None:  # /v1/models
+        cards = [self.card(self.lab.resolved.get("served_model_name"))]
+        self.send(200, self.api.ModelList(data=cards).model_dump())
+
+    def one_model(self) -> None:  # /v1/models/<name>
+        wanted = self.path.split("?", 1)[0][len("/v1/models/"):]
+        if wanted == self.lab.resolved.get("served_model_name"):
+            self.send(200, self.card(wanted).model_dump())
+            return
+        self.send(404, {"error": {"message": f"The model '{wanted}' does not exist", "param": "model",
+                                  "type": "invalid_request_error", "code": "model_not_found"}})
+
+    def flush_cache(self) -> None:  # http_server.flush_cache: timeout = Query(0.0, ge=0.0)
+        raw = self.query().get("timeout", "0")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = None
+        if timeout is None or not math.isfinite(timeout):
+            self.invalid("timeout", "Input should be a valid number", raw)
+            return
+        if timeout < 0:
+            self.invalid("timeout", "Input should be greater than or equal to 0", raw)
+            return
+        success, message = self.lab.flush_cache(timeout)
+        # Response(content=str) without a media type: no content-type header
+        self.send(200 if success else 400, FLUSH_OK if success else (message or "Flush cache failed.\n")
+                  .encode(), None)
+
+    def loads(self) -> None:  # entrypoints/v1_loads.get_loads
+        q = self.query()
+        dp_rank = None
+        if "dp_rank" in q:
             try:
-                if route is None:
-                    self.send(404, {"detail": "Not Found"})
-                elif self.command not in route[0]:
-                    self.send(405, {"detail": "Method Not Allowed"})
-                else:
-                    route[1](self)
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                self.send(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
-            except ConnectionError:  # the client went away mid-stream
-                pass
-
-        do_POST = do_PUT = do_GET  # noqa: N815
-
-        def health(self) -> None:
-            if lab.gracefully_exit:
-                log.info("Health check request received during shutdown. Returning 503.")
-            self.send(200 if lab.up and not lab.gracefully_exit else 503)
-
-        def ready(self) -> None:
-            self.send(200 if lab.up and not lab.gracefully_exit else 503)
-
-        def deprecated(self, old: str, new: str) -> None:
-            if not lab.old_api:  # an older server has only the old name and does not warn
-                log.warning(f"Endpoint '{old}' is deprecated and will be removed in a future version. "
-                            f"Please use '{new}' instead.")
-
-        def server_info(self) -> None:
-            if self.path.startswith("/get_"):
-                self.deprecated("/get_server_info", "/server_info")
-            self.send(200, lab.server_info())
-
-        def model_info(self) -> None:
-            if self.path.startswith("/get_"):
-                self.deprecated("/get_model_info", "/model_info")
-            self.send(200, lab.model_info())
-
-        def card(self, name: str) -> api.ModelCard:
-            return api.ModelCard(id=name, root=name, max_model_len=lab.context_len)
-
-        def models(self) -> None:
-            cards = [self.card(lab.resolved.get("served_model_name"))]
-            self.send(200, api.ModelList(data=cards).model_dump())
-
-        def one_model(self) -> None:
-            wanted = self.path.split("?", 1)[0][len("/v1/models/"):]
-            if wanted == lab.resolved.get("served_model_name"):
-                self.send(200, self.card(wanted).model_dump())
-                return
-            self.send(404, {"error": {"message": f"The model '{wanted}' does not exist", "param": "model",
-                                      "type": "invalid_request_error", "code": "model_not_found"}})
-
-        def query(self) -> dict[str, str]:
-            """FastAPI's scalar query parameters: the last value of each name."""
-            pairs = urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query, keep_blank_values=True)
-            return dict(pairs)
-
-        def invalid(self, name: str, msg: str, raw: str) -> None:
-            """SGLang's RequestValidationError handler: 400, the legacy ErrorResponse envelope (the message
-            names the parameter as pydantic's error list does; its exact wording is FastAPI's)."""
-            errors = [{"loc": ("query", name), "msg": msg, "input": raw}]
-            self.send(400, {"object": "error", "message": str(errors), "type": "Bad Request", "param": None,
-                            "code": 400})
-
-        def flush_cache(self) -> None:  # http_server.flush_cache: timeout = Query(0.0, ge=0.0)
-            raw = self.query().get("timeout", "0")
-            try:
-                timeout = float(raw)
+                dp_rank = int(q["dp_rank"])
             except ValueError:
-                timeout = None
-            if timeout is None or not math.isfinite(timeout):
-                self.invalid("timeout", "Input should be a valid number", raw)
+                self.invalid("dp_rank", "Input should be a valid integer", q["dp_rank"])
                 return
-            if timeout < 0:
-                self.invalid("timeout", "Input should be greater than or equal to 0", raw)
+        include = q.get("include") or None
+        include_list = [part.strip() for part in include.split(",")] if include else None
+        include_set = set(include_list) if include_list else None
+        snapshots = self.lab.load_snapshots(dp_rank)
+        try:
+            if q.get("format") == "prometheus":
+                self.send(200, loads_prometheus(snapshots, include_set).encode(),
+                          PROMETHEUS_TYPE)
                 return
-            success, message = lab.flush_cache(timeout)
-            # Response(content=str) without a media type: no content-type header
-            self.send(200 if success else 400, FLUSH_OK if success else (message or "Flush cache failed.\n")
-                      .encode(), None)
+            loads = [snapshot.to_dict(include_set) for snapshot in snapshots]
+        except ValueError:  # raised outside get_loads' try in SGLang: Starlette's plain 500
+            log.error("Exception in ASGI application\n" + traceback.format_exc().rstrip())
+            self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
+            return
+        self.send(200, {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                        "version": self.lab.version, "accelerator": LAB_GPU_NAME,
+                        "num_accelerators": self.lab.num_accelerators(), "loads": loads})
 
-        def loads(self) -> None:  # entrypoints/v1_loads.get_loads
-            q = self.query()
-            dp_rank = None
-            if "dp_rank" in q:
-                try:
-                    dp_rank = int(q["dp_rank"])
-                except ValueError:
-                    self.invalid("dp_rank", "Input should be a valid integer", q["dp_rank"])
-                    return
-            include = q.get("include") or None
-            include_list = [part.strip() for part in include.split(",")] if include else None
-            include_set = set(include_list) if include_list else None
-            snapshots = lab.load_snapshots(dp_rank)
-            try:
-                if q.get("format") == "prometheus":
-                    self.send(200, loads_prometheus(snapshots, include_set).encode(),
-                              "text/plain; version=0.0.4; charset=utf-8")
-                    return
-                loads = [snapshot.to_dict(include_set) for snapshot in snapshots]
-            except ValueError:  # raised outside get_loads' try in SGLang: Starlette's plain 500
-                log.error("Exception in ASGI application\n" + traceback.format_exc().rstrip())
-                self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
-                return
-            self.send(200, {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                            "version": lab.version, "accelerator": LAB_GPU_NAME,
-                            "num_accelerators": lab.num_accelerators(), "loads": loads})
+    def metrics(self) -> None:  # /metrics (--enable-metrics)
+        self.send(200, self.lab.metrics().encode(), PROMETHEUS_TYPE)
 
-        def metrics(self) -> None:
-            self.send(200, lab.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+    def generate(self) -> None:  # /generate: one prompt or a batch, a single prompt may stream
+        req = self.body()
+        max_new = int((req.get("sampling_params") or {}).get("max_new_tokens", 128))
+        prompts, batch = prompts_of(req)
+        if req.get("stream") and len(prompts) == 1:
+            outs = self.lab.generate(*prompts[0], max_new, req.get("rid") or uuid.uuid4().hex, True)
+            self.stream("data: " + json.dumps({"text": out, "output_ids": [], "meta_info": meta}) + "\n\n"
+                        for out, meta in outs)
+            return
+        results = [{"text": out, "output_ids": [], "meta_info": meta} for prompt in prompts
+                   for out, meta in self.lab.generate(*prompt, max_new, uuid.uuid4().hex, False)]
+        self.send(200, results if batch else results[0])
 
-        def stream(self, chunks) -> None:
-            """text/event-stream with chunked transfer encoding, as uvicorn sends a StreamingResponse."""
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream; charset=utf-8")
-            self.send_header("transfer-encoding", "chunked")
-            self.end_headers()
-            def then_done():  # lazily: unpacking (*chunks, ...) would wait for the last forward
-                yield from chunks
-                yield "data: [DONE]\n\n"
+    def chat(self) -> None:  # /v1/chat/completions
+        if (self.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
+            message = "Unsupported Media Type: Only 'application/json' is allowed"
+            self.send(400, {"object": "error", "message": message, "type": "Bad Request", "param": None,
+                            "code": 400})
+            return
+        turn = ChatTurn(self.body())
+        if turn.req.get("stream"):
+            self.stream(self.chat_chunks(turn))
+        else:
+            self.chat_reply(turn)
 
-            for data in then_done():
-                raw = data.encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.access(200)
+    def chat_reply(self, turn: ChatTurn) -> None:
+        """The whole completion in one ChatCompletionResponse."""
+        api, ptok = self.api, turn.prompt_tokens
+        out, meta = list(self.lab.generate(turn.prompt, ptok, turn.max_new, turn.rid, False))[-1]
+        done = meta["completion_tokens"]
+        message = api.ChatMessage(role="assistant", content=out)
+        choice = api.ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")
+        self.send(200, api.ChatCompletionResponse(
+            id=turn.rid, created=turn.created, model=turn.model, choices=[choice],
+            usage=api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
+            metadata={"weight_version": "default", "lab_server": True}).model_dump())
 
-        def generate(self) -> None:
-            req = self.body()
-            max_new = int((req.get("sampling_params") or {}).get("max_new_tokens", 128))
-            text, ids = req.get("text"), req.get("input_ids")
-            if text is None and ids is None:
-                raise ValueError("Either text, input_ids or input_embeds should be provided.")
-            batch = isinstance(text, list) if text is not None else bool(ids) and isinstance(ids[0], list)
-            if text is not None:
-                prompts = [(str(t), count_tokens(str(t))) for t in (text if batch else [text])]
-            else:
-                prompts = [(str(i), len(i)) for i in (ids if batch else [ids])]
-            if req.get("stream") and len(prompts) == 1:
-                outs = lab.generate(*prompts[0], max_new, req.get("rid") or uuid.uuid4().hex, True)
-                self.stream("data: " + json.dumps({"text": out, "output_ids": [], "meta_info": meta}) + "\n\n"
-                            for out, meta in outs)
-                return
-            results = [{"text": out, "output_ids": [], "meta_info": meta} for prompt in prompts
-                       for out, meta in lab.generate(*prompt, max_new, uuid.uuid4().hex, False)]
-            self.send(200, results if batch else results[0])
+    def chat_chunks(self, turn: ChatTurn):
+        """The SSE chunks of a streamed completion: role, one delta per forward, finish, usage if asked."""
+        api, ptok = self.api, turn.prompt_tokens
 
-        def chat(self) -> None:
-            if (self.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
-                message = "Unsupported Media Type: Only 'application/json' is allowed"
-                self.send(400, {"object": "error", "message": message, "type": "Bad Request", "param": None,
-                                "code": 400})
-                return
-            req = self.body()
-            model, messages = req.get("model") or "default", req.get("messages") or []
-            prompt = " ".join(str(m.get("content")) for m in messages)
-            ptok, rid, created = count_tokens(prompt), "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-            max_new = int(req.get("max_completion_tokens") or req.get("max_tokens") or 128)
-            if not req.get("stream"):
-                out, meta = list(lab.generate(prompt, ptok, max_new, rid, False))[-1]
-                done = meta["completion_tokens"]
-                message = api.ChatMessage(role="assistant", content=out)
-                choice = api.ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")
-                self.send(200, api.ChatCompletionResponse(
-                    id=rid, created=created, model=model, choices=[choice],
-                    usage=api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
-                    metadata={"weight_version": "default", "lab_server": True}).model_dump())
-                return
+        def sse(**kwargs) -> str:
+            return api.build_sse_content(chunk_id=turn.rid, created=turn.created, model=turn.model, index=0,
+                                         **kwargs)
 
-            def sse(**kwargs) -> str:
-                return api.build_sse_content(chunk_id=rid, created=created, model=model, index=0, **kwargs)
-
-            def chunks():
-                yield sse(role="assistant", content="")
-                sent = done = 0
-                for out, meta in lab.generate(prompt, ptok, max_new, rid, True):
-                    yield sse(content=out[sent:])
-                    sent, done = len(out), meta["completion_tokens"]
-                yield sse(finish_reason="length")
-                if (req.get("stream_options") or {}).get("include_usage"):
-                    total = ptok + done
-                    usage = api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=total)
-                    last = api.ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[],
-                                                        usage=usage)
-                    yield f"data: {last.model_dump_json()}\n\n"
-
-            self.stream(chunks())
-
-    get, post = ("GET",), ("POST", "PUT")
-    routes = {"/health": (get, Handler.health), "/health_generate": (get, Handler.health),
-              "/ready": (get, Handler.ready), "/get_server_info": (get, Handler.server_info),
-              "/get_model_info": (get, Handler.model_info), "/v1/models": (get, Handler.models),
-              "/generate": (post, Handler.generate), "/v1/chat/completions": (("POST",), Handler.chat),
-              "/flush_cache": (("GET", "POST"), Handler.flush_cache)}
-    if not lab.old_api:
-        routes.update({"/server_info": (get, Handler.server_info), "/model_info": (get, Handler.model_info)})
-    if not lab.old_api and lab.replay is None:  # SGLang 0.5.23's load report (entrypoints/v1_loads.py)
-        routes["/v1/loads"] = (get, Handler.loads)
-    if lab.resolved.get("enable_metrics"):
-        routes["/metrics"] = (get, Handler.metrics)
-    return Handler
+        yield sse(role="assistant", content="")
+        sent = done = 0
+        for out, meta in self.lab.generate(turn.prompt, ptok, turn.max_new, turn.rid, True):
+            yield sse(content=out[sent:])
+            sent, done = len(out), meta["completion_tokens"]
+        yield sse(finish_reason="length")
+        if (turn.req.get("stream_options") or {}).get("include_usage"):
+            usage = api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done)
+            last = api.ChatCompletionStreamResponse(id=turn.rid, created=turn.created, model=turn.model,
+                                                    choices=[], usage=usage)
+            yield f"data: {last.model_dump_json()}\n\n"
 
 
 def loads_prometheus(load_results: list, include: set[str] | None) -> str:
