@@ -1332,8 +1332,8 @@ class LabHandler(BaseHTTPRequestHandler):
             self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
+        self.access(status)  # as uvicorn: at the response's start, so before the client can read the body
         self.wfile.write(body)
-        self.access(status)
 
     def body(self) -> dict:
         return json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
@@ -1356,6 +1356,7 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+        self.access(200)  # as uvicorn: when the response starts, not when the stream ends
 
         def then_done():  # lazily: unpacking (*chunks, ...) would wait for the last forward
             yield from chunks
@@ -1366,7 +1367,6 @@ class LabHandler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
-        self.access(200)
 
     # ------------------------------------------------------------------------------------ dispatch
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)

@@ -110,6 +110,12 @@ def test_identity_is_the_deploy_probes_identity():
     """The lab server computes what module_utils/sglang_venv.py's probe reports for the same python."""
     if not os.access(PYTHON, os.X_OK):
         pytest.skip(f"no SGLang interpreter at {PYTHON}")
+    # sglang_venv imports ansible.module_utils.sglang_files: resolve it in this repository's module_utils,
+    # as Ansible does with ansible.cfg's module_utils (and tests/unit/conftest.py).
+    import ansible.module_utils
+
+    if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(str(REPO / "module_utils"))
     probe = load_module("sglang_venv_under_test", REPO / "module_utils" / "sglang_venv.py")
     out = subprocess.run([PYTHON, "-c", probe.PROBE_SCRIPT], capture_output=True, text=True, check=True,
                          cwd="/").stdout
