@@ -256,7 +256,7 @@ def describe(record):
         f"(user {ctl.get('user', '?')}), playbook {ctl.get('playbook') or '?'}"
     )
     if ctl.get('play'):
-        who += f", play {ctl['play']!r}"
+        who += f", play {ctl['play']}"
     anchor = record.get('anchor')
     here = f"; on this host {anchor['comm']} PID {anchor['pid']}" if anchor else ''
     return (
