@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 
+from ansible import context
 from ansible.plugins.action import ActionBase
 
 MODULE = "sglang_lock"
@@ -52,7 +53,10 @@ def _playbook_pid() -> int:
 
 def controller_identity(task_vars: dict) -> dict:
     pid = _playbook_pid()
-    playbooks = [arg for arg in sys.argv[1:] if arg.endswith((".yml", ".yaml")) and not arg.startswith("@")]
+    # ansible-playbook's own parse of its command line (inherited by this forked worker).
+    playbooks = list(context.CLIARGS.get("args") or ()) if context.CLIARGS else []
+    if not playbooks:
+        playbooks = [os.path.basename(sys.argv[0])] if sys.argv and sys.argv[0] else []
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

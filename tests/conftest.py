@@ -19,6 +19,7 @@ LAB_FILE_SECONDS = {
     "tests/integration/test_sweep.py": 265,
     "tests/integration/test_router_role.py": 255,
     "tests/integration/test_gitops.py": 210,
+    "tests/integration/test_host_lock.py": 180,
     "tests/gpu_roles/test_sample_inventory.py": 180,
     "tests/integration/test_role_convergence.py": 130,
     "tests/integration/test_rollback_and_check.py": 105,

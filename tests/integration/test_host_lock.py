@@ -1,0 +1,159 @@
+"""One deploy at a time per host (issue 14, item 2), against the shared lab host.
+
+Order (one module, top to bottom; each test leaves the baseline deployed and the lock free):
+  1. a deploy whose server loads slowly (SGLANG_LAB_LOAD_SECONDS) runs in the background; while it holds
+     the lock in its verified restart, a second `deploy.yml` is refused within seconds, naming the holder
+     (its ansible-playbook PID, controller, user, playbook, what it is doing); the first one then
+     succeeds, and the second, run again, succeeds too. The time to refuse is printed (issue 14's note);
+  2. a slow deploy killed with SIGKILL (its whole process group) while it holds the lock leaves the lock
+     behind (its SSH ControlMaster lives on, so does its sshd on the host); the next deploy takes it over,
+     says so, and deploys the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+LOCK_FILE = "/run/sglang-deploy/sglang.lock"
+FAST = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
+# The lab server takes this long to load: the verified restart holds the lock meanwhile.
+SLOW = dict(FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "40"})
+REFUSE_WITHIN = 60
+# deploy.yml's last play (knobs, then the sglang role): what the background deploys run.
+SGLANG_PLAY = "playbooks/sglang.yml"
+
+
+def start_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) -> subprocess.Popen:
+    """ansible-playbook -e window=2048 in the background, in its own process group (killed whole), output
+    in ``out``. Results as JSON: a message is one JSON string (the yaml format folds and re-quotes it)."""
+    extra_file = out.with_suffix(".json")
+    extra_file.write_text(json.dumps(extra))
+    argv = [
+        str(REPO / ".venv" / "bin" / "ansible-playbook"),
+        "-i", str(lab_host.inventory), "--limit", f"{lab_host.name},localhost", playbook,
+        "-e", "window=2048", "-e", f"@{extra_file}",
+    ]
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+    )
+    with out.open("w") as handle:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def run_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) -> tuple[int, str]:
+    """The same, waited for: (rc, output with whitespace normalised)."""
+    proc = start_playbook(lab_host, extra, out, playbook)
+    rc = proc.wait(timeout=900)
+    return rc, " ".join(out.read_text().split())
+
+
+def around(text: str, phrase: str) -> str:
+    """The output around ``phrase`` (or its tail): what an assertion shows."""
+    at = text.find(phrase)
+    return text[-3000:] if at < 0 else text[max(at - 200, 0):at + 1500]
+
+
+def lock_record(lab_host) -> dict | None:
+    text = lab_host.ssh(f"cat {LOCK_FILE} 2>/dev/null || true").stdout
+    return json.loads(text) if text.strip() else None
+
+
+def wait_for_restart_under_lock(lab_host, proc: subprocess.Popen, out: Path, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = out.read_text()[-4000:]
+            raise AssertionError(f"the slow deploy ended (rc {proc.returncode}) first:\n{tail}")
+        record = lock_record(lab_host)
+        # This run's own record (not one an earlier, killed run left behind), in its verified restart.
+        mine = record and (record.get("controller") or {}).get("pid") == proc.pid
+        if mine and record.get("doing", "").startswith("restarting"):
+            return record
+        time.sleep(1)
+    raise AssertionError(f"the slow deploy never held the lock in its restart:\n{out.read_text()[-4000:]}")
+
+
+@pytest.fixture
+def workdir():
+    with tempfile.TemporaryDirectory(prefix="it-lock-") as name:
+        yield Path(name)
+
+
+def test_second_deploy_is_refused_naming_the_holder_then_runs(lab_host, workdir):
+    first = start_playbook(lab_host, SLOW, workdir / "first.log")
+    try:
+        record = wait_for_restart_under_lock(lab_host, first, workdir / "first.log")
+        assert record["controller"]["pid"] == first.pid
+        assert record["anchor"]["comm"].startswith("sshd")
+
+        started = time.monotonic()
+        rc, text = run_playbook(lab_host, FAST, workdir / "second.log", playbook="deploy.yml")
+        refused_after = time.monotonic() - started
+        print(f"time to refuse a concurrent deploy (deploy.yml start to exit): {refused_after:.1f} s")
+        assert first.poll() is None, "the first deploy had ended: nothing was concurrent"
+        refusal = f"another deploy of sglang holds {LOCK_FILE}"
+        print("refusal:", around(text, refusal)[200:900])
+        assert rc != 0, text[-3000:]
+        assert refusal in text, text[-3000:]
+        for part in (f"ansible-playbook PID {first.pid} on controller {record['controller']['host']}",
+                     f"(user {record['controller']['user']})", "playbook playbooks/sglang.yml",
+                     "now restarting sglang.service with proof",
+                     f"on this host {record['anchor']['comm']} PID {record['anchor']['pid']}"):
+            assert part in text, (part, around(text, refusal))
+        assert refused_after < REFUSE_WITHIN
+        # The refused run changed nothing and did not touch the holder's lock.
+        assert lock_record(lab_host)["token"] == record["token"]
+
+        assert first.wait(timeout=600) == 0, (workdir / "first.log").read_text()[-6000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert lock_record(lab_host) is None
+    rc, text = run_playbook(lab_host, FAST, workdir / "again.log")
+    assert rc == 0, text[-4000:]
+    assert "took over" not in text
+    assert lock_record(lab_host) is None
+
+
+def test_lock_of_a_run_killed_with_sigkill_is_taken_over_and_reported(lab_host, workdir):
+    killed = start_playbook(lab_host, SLOW, workdir / "killed.log")
+    try:
+        record = wait_for_restart_under_lock(lab_host, killed, workdir / "killed.log")
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert lock_record(lab_host)["token"] == record["token"], "the killed run's lock is gone already"
+
+    started = time.monotonic()
+    rc, text = run_playbook(lab_host, FAST, workdir / "next.log")
+    print(f"deploy after the SIGKILLed one (takeover included): {time.monotonic() - started:.1f} s")
+    takeover = f"took over the deploy lock of sglang ({LOCK_FILE}) from a dead run: "
+    print("takeover:", around(text, takeover)[200:900])
+    assert rc == 0, text[-4000:]
+    assert takeover in text, text[-4000:]
+    # Its SSH ControlMaster (ControlPersist) outlives it, so does its sshd on the host: the controller
+    # side proves it dead (its ansible-playbook PID and start time on this controller).
+    ctl = record["controller"]["host"]
+    reason = f"{takeover}its ansible-playbook process (PID {killed.pid}) on controller {ctl} is gone."
+    assert f"{reason} It was held by ansible-playbook PID {killed.pid}" in text, around(text, takeover)
+    assert lock_record(lab_host) is None
+    history = lab_host.history()
+    assert history[-1]["result"] == "verified"
