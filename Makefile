@@ -78,6 +78,7 @@ lint: venv
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python tools/check-headers
 	$(BIN)/actionlint -color=false .github/workflows/*.yml
 	$(BIN)/zizmor --offline --no-progress .github/workflows/

@@ -38,7 +38,7 @@ def _start_ticks(pid: int) -> int | None:
     data = _read(f"/proc/{int(pid)}/stat")
     if not data:
         return None
-    fields = data[data.rfind(")") + 2:].split()
+    fields = data[data.rfind(")") + 2 :].split()
     if not fields or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])

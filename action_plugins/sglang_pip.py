@@ -26,41 +26,42 @@ display = Display()
 
 # pip's lines that say which step it is at (pip 23-25; indentation varies with the resolver).
 STEP = re.compile(
-    r'^\s*(Looking in (?:links|indexes)|Collecting|Obtaining|Cloning|Running command git|Resolved|Processing|'
-    r'Downloading|Using cached|Requirement already satisfied|Preparing metadata|Building wheels? |'
-    r'Created wheel|Stored in directory|Installing build dependencies|Getting requirements|'
-    r'Attempting uninstall|Found existing installation|Uninstalling|Successfully (?:uninstalled|built)|'
-    r'Installing collected packages|Successfully installed|ERROR:)'
+    r"^\s*(Looking in (?:links|indexes)|Collecting|Obtaining|Cloning|Running command git|Resolved|Processing|"
+    r"Downloading|Using cached|Requirement already satisfied|Preparing metadata|Building wheels? |"
+    r"Created wheel|Stored in directory|Installing build dependencies|Getting requirements|"
+    r"Attempting uninstall|Found existing installation|Uninstalling|Successfully (?:uninstalled|built)|"
+    r"Installing collected packages|Successfully installed|ERROR:)"
 )
-COLLECTED = 'Installing collected packages: '
+COLLECTED = "Installing collected packages: "
 # Steps pip takes inside "Installing collected packages" when it replaces an installed version.
 REPLACING = re.compile(
-    r'^(Attempting uninstall|Found existing installation|Uninstalling|Successfully uninstalled)')
-INSTALLED = re.compile(r'^Successfully installed (.+)$', re.MULTILINE)
+    r"^(Attempting uninstall|Found existing installation|Uninstalling|Successfully uninstalled)"
+)
+INSTALLED = re.compile(r"^Successfully installed (.+)$", re.MULTILINE)
 # Seconds without a new step after which the current one is printed again.
 REPEAT_AFTER = 20
 TAIL_BYTES = 16384
-STATUS_MARK = '@@sglang-pip@@'
+STATUS_MARK = "@@sglang-pip@@"
 
 
 def progress_line(text: str, width: int = 160) -> str:
     """The last line of pip output that names a step, made short: wheel paths as file names, the
     package count of "Installing collected packages", and an uninstall of an older version inside that
     step said as part of it."""
-    steps = [' '.join(line.split()) for line in text.splitlines() if STEP.match(line)]
+    steps = [" ".join(line.split()) for line in text.splitlines() if STEP.match(line)]
     if not steps:
-        return ''
+        return ""
     line = steps[-1]
     # "Processing /srv/wheelhouse/torch-2.9.1-....whl" -> "Processing torch-2.9.1-....whl"
-    line = re.sub(r'(?<=\s)(?:file://)?/\S*/(?=[^/\s]+\.(?:whl|tar\.gz|zip)\b)', '', line)
+    line = re.sub(r"(?<=\s)(?:file://)?/\S*/(?=[^/\s]+\.(?:whl|tar\.gz|zip)\b)", "", line)
     collecting = next((step for step in reversed(steps) if step.startswith(COLLECTED)), None)
     if collecting is not None:
-        count = len(collecting[len(COLLECTED):].split(', '))
+        count = len(collecting[len(COLLECTED) :].split(", "))
         if line == collecting:
-            line = f'Installing {count} collected package(s): {collecting[len(COLLECTED):]}'
+            line = f"Installing {count} collected package(s): {collecting[len(COLLECTED) :]}"
         elif REPLACING.match(line):
-            line = f'Installing {count} collected package(s); {line}'
-    return line if len(line) <= width else line[: width - 3] + '...'
+            line = f"Installing {count} collected package(s); {line}"
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def installed_packages(text: str) -> list[str]:
@@ -70,13 +71,13 @@ def installed_packages(text: str) -> list[str]:
 
 def error_lines(text: str, keep: int = 20) -> list[str]:
     """pip's ERROR lines, or the last lines when it printed none (a traceback, a killed process)."""
-    errors = [line for line in text.splitlines() if line.startswith('ERROR:')]
+    errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
     return errors or text.splitlines()[-keep:]
 
 
 def elapsed_text(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
-    return f'{minutes}m{secs:02d}s'
+    return f"{minutes}m{secs:02d}s"
 
 
 def start_command(argv: list[str], log: str) -> str:
@@ -85,117 +86,136 @@ def start_command(argv: list[str], log: str) -> str:
     (the pid of a background job as the starting shell sees it can be a setsid that forked)."""
     # Only the log and the status files are root-only (umask 077 in subshells): pip itself keeps the
     # umask of the connection, so the venv stays readable by the service user.
-    script = ('log=$1; shift; (umask 077; echo $$ > "$log.pid.tmp"; : > "$log.rc.tmp") '
-              '&& mv "$log.pid.tmp" "$log.pid" && "$@" >> "$log" 2>&1; '
-              'echo $? > "$log.rc.tmp" && mv "$log.rc.tmp" "$log.rc"')
+    script = (
+        'log=$1; shift; (umask 077; echo $$ > "$log.pid.tmp"; : > "$log.rc.tmp") '
+        '&& mv "$log.pid.tmp" "$log.pid" && "$@" >> "$log" 2>&1; '
+        'echo $? > "$log.rc.tmp" && mv "$log.rc.tmp" "$log.rc"'
+    )
     q = shlex.quote
-    args = ' '.join(q(a) for a in ['sglang-pip', log, *argv])
-    pid = q(log + '.pid')
-    return (f'rm -f {q(log + ".rc")} {pid} && (umask 077; : > {q(log)}) && '
-            f'{{ setsid sh -c {q(script)} {args} < /dev/null > /dev/null 2>&1 & }} && '
-            f'i=0; while [ ! -s {pid} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; cat {pid}')
+    args = " ".join(q(a) for a in ["sglang-pip", log, *argv])
+    pid = q(log + ".pid")
+    return (
+        f"rm -f {q(log + '.rc')} {pid} && (umask 077; : > {q(log)}) && "
+        f"{{ setsid sh -c {q(script)} {args} < /dev/null > /dev/null 2>&1 & }} && "
+        f"i=0; while [ ! -s {pid} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; cat {pid}"
+    )
 
 
 def status_command(log: str, pid: int) -> str:
     q = shlex.quote
-    return (f'if [ -e {q(log + ".rc")} ]; then echo "rc=$(cat {q(log + ".rc")})"; '
-            f'elif kill -0 {pid} 2>/dev/null; then echo running; else echo vanished; fi; '
-            f'echo {STATUS_MARK}; tail -c {TAIL_BYTES} {q(log)} 2>/dev/null || true')
+    return (
+        f'if [ -e {q(log + ".rc")} ]; then echo "rc=$(cat {q(log + ".rc")})"; '
+        f"elif kill -0 {pid} 2>/dev/null; then echo running; else echo vanished; fi; "
+        f"echo {STATUS_MARK}; tail -c {TAIL_BYTES} {q(log)} 2>/dev/null || true"
+    )
 
 
 def parse_status(stdout: str) -> tuple[str, int | None, str]:
     """('running'|'done'|'vanished', exit status or None, log tail) from status_command's output."""
-    head, _, tail = stdout.partition(STATUS_MARK + '\n')
+    head, _, tail = stdout.partition(STATUS_MARK + "\n")
     state = head.strip()
-    if state.startswith('rc='):
+    if state.startswith("rc="):
         try:
-            return 'done', int(state[3:]), tail
+            return "done", int(state[3:]), tail
         except ValueError:
-            return 'vanished', None, tail
-    return ('running' if state == 'running' else 'vanished'), None, tail
+            return "vanished", None, tail
+    return ("running" if state == "running" else "vanished"), None, tail
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(('argv', 'log', 'poll', 'timeout', 'label'))
+    _VALID_ARGS = frozenset(("argv", "log", "poll", "timeout", "label"))
     # Check mode installs nothing: the task is reported skipped.
     _supports_check_mode = False
 
     def _host(self, command: str, what: str) -> dict:
         res = self._low_level_execute_command(command, sudoable=True)
         # The SSH connection may run the command on a tty (ansible_ssh_use_tty): CRLF line ends.
-        for key in ('stdout', 'stderr'):
-            res[key] = (res.get(key) or '').replace('\r\n', '\n')
-        if res.get('rc', 1) != 0:
-            raise AnsibleActionFail(f'sglang_pip: {what} failed on the host (rc {res.get("rc")}): '
-                                    f'{(res.get("stderr") or res.get("stdout") or "").strip()[-2000:]}')
+        for key in ("stdout", "stderr"):
+            res[key] = (res.get(key) or "").replace("\r\n", "\n")
+        if res.get("rc", 1) != 0:
+            raise AnsibleActionFail(
+                f"sglang_pip: {what} failed on the host (rc {res.get('rc')}): "
+                f"{(res.get('stderr') or res.get('stdout') or '').strip()[-2000:]}"
+            )
         return res
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
         args = self._task.args
-        argv = args.get('argv')
+        argv = args.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
-            raise AnsibleActionFail('sglang_pip: argv must be a non-empty list of non-empty strings')
-        log = args.get('log')
-        if not isinstance(log, str) or not log.startswith('/'):
-            raise AnsibleActionFail(f'sglang_pip: log must be an absolute path on the host (is {log!r})')
+            raise AnsibleActionFail("sglang_pip: argv must be a non-empty list of non-empty strings")
+        log = args.get("log")
+        if not isinstance(log, str) or not log.startswith("/"):
+            raise AnsibleActionFail(f"sglang_pip: log must be an absolute path on the host (is {log!r})")
         try:
-            poll = int(args.get('poll', 10))
-            timeout = int(args.get('timeout', 7200))
+            poll = int(args.get("poll", 10))
+            timeout = int(args.get("timeout", 7200))
         except (TypeError, ValueError) as exc:
-            raise AnsibleActionFail(f'sglang_pip: poll and timeout must be integers: {exc}') from exc
+            raise AnsibleActionFail(f"sglang_pip: poll and timeout must be integers: {exc}") from exc
         if not 1 <= poll <= 15:
-            raise AnsibleActionFail(f'sglang_pip: poll must be 1..15 seconds (is {poll})')
+            raise AnsibleActionFail(f"sglang_pip: poll must be 1..15 seconds (is {poll})")
         if timeout < poll:
-            raise AnsibleActionFail(f'sglang_pip: timeout must be at least poll (is {timeout})')
-        label = str(args.get('label') or 'pip install')
-        host = (task_vars or {}).get('inventory_hostname', '')
+            raise AnsibleActionFail(f"sglang_pip: timeout must be at least poll (is {timeout})")
+        label = str(args.get("label") or "pip install")
+        host = (task_vars or {}).get("inventory_hostname", "")
 
-        started = self._host(start_command(argv, log), 'starting pip')
+        started = self._host(start_command(argv, log), "starting pip")
         try:
-            pid = int(started['stdout'].strip().splitlines()[-1])
+            pid = int(started["stdout"].strip().splitlines()[-1])
         except (ValueError, IndexError) as exc:
-            raise AnsibleActionFail(f'sglang_pip: no pid from the host: {started.get("stdout")!r}') from exc
+            raise AnsibleActionFail(f"sglang_pip: no pid from the host: {started.get('stdout')!r}") from exc
 
         begin = time.monotonic()
         shown, shown_at = None, begin
-        display.display(f'{host}: {label}: started, output in {log}')
+        display.display(f"{host}: {label}: started, output in {log}")
         while True:
             time.sleep(poll)
-            status = self._host(status_command(log, pid), 'reading the pip log')['stdout']
+            status = self._host(status_command(log, pid), "reading the pip log")["stdout"]
             state, rc, tail = parse_status(status)
             now = time.monotonic()
-            line = progress_line(tail) or 'starting'
-            if state == 'running' and (line != shown or now - shown_at >= REPEAT_AFTER):
-                display.display(f'{host}: {label} [{elapsed_text(now - begin)}]: {line}')
+            line = progress_line(tail) or "starting"
+            if state == "running" and (line != shown or now - shown_at >= REPEAT_AFTER):
+                display.display(f"{host}: {label} [{elapsed_text(now - begin)}]: {line}")
                 shown, shown_at = line, now
-            if state != 'running':
+            if state != "running":
                 break
             if now - begin > timeout:
-                stop = f'kill -TERM -{pid} 2>/dev/null || kill -TERM {pid} 2>/dev/null; true'
+                stop = f"kill -TERM -{pid} 2>/dev/null || kill -TERM {pid} 2>/dev/null; true"
                 self._low_level_execute_command(stop, sudoable=True)
                 raise AnsibleActionFail(
-                    f'{label}: pip still running after {elapsed_text(now - begin)} (timeout {timeout} s): '
-                    f'stopped; last step: {line}; its output is in {log} on the host')
+                    f"{label}: pip still running after {elapsed_text(now - begin)} (timeout {timeout} s): "
+                    f"stopped; last step: {line}; its output is in {log} on the host"
+                )
 
-        output = self._host(f'cat {shlex.quote(log)}', 'reading the pip log')['stdout']
+        output = self._host(f"cat {shlex.quote(log)}", "reading the pip log")["stdout"]
         took = elapsed_text(time.monotonic() - begin)
         installed = installed_packages(output)
-        result.update(cmd=argv, log=log, stdout=output, stdout_lines=output.splitlines(),
-                      installed=installed, changed=bool(installed), elapsed=took)
-        if state == 'vanished':
-            result.update(failed=True, rc=None,
-                          msg=f'{label}: pip ended without an exit status after {took} (killed? the host '
-                              f'rebooted?); last step: {line}; output in {log} on the host')
+        result.update(
+            cmd=argv,
+            log=log,
+            stdout=output,
+            stdout_lines=output.splitlines(),
+            installed=installed,
+            changed=bool(installed),
+            elapsed=took,
+        )
+        if state == "vanished":
+            result.update(
+                failed=True,
+                rc=None,
+                msg=f"{label}: pip ended without an exit status after {took} (killed? the host "
+                f"rebooted?); last step: {line}; output in {log} on the host",
+            )
             return result
-        result['rc'] = rc
+        result["rc"] = rc
         if rc != 0:
-            errors = ' | '.join(error_lines(output))
-            msg = f'{label}: pip exited {rc} after {took}: {errors} (full output: {log} on the host)'
+            errors = " | ".join(error_lines(output))
+            msg = f"{label}: pip exited {rc} after {took}: {errors} (full output: {log} on the host)"
             result.update(failed=True, msg=msg)
         else:
-            what = f'installed {len(installed)} package(s)' if installed else 'nothing to install'
-            display.display(f'{host}: {label} [{took}]: done, {what}')
+            what = f"installed {len(installed)} package(s)" if installed else "nothing to install"
+            display.display(f"{host}: {label} [{took}]: done, {what}")
         return result

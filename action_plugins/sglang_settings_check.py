@@ -28,9 +28,10 @@ from ansible.plugins.action import ActionBase
 
 def _load_options():
     """module_utils/sglang_options.py (standard library only), the ONE owner of SGLang option knowledge."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'module_utils',
-                        'sglang_options.py')
-    spec = importlib.util.spec_from_file_location('sglang_options', path)
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils", "sglang_options.py"
+    )
+    spec = importlib.util.spec_from_file_location("sglang_options", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,19 +43,19 @@ ROLE_BOUNDS = {
     var: OPTIONS.BOUNDS[key] for key, var in OPTIONS.ROLE_VARIABLE.items() if key in OPTIONS.BOUNDS
 }
 
-CONTROL_CHARS = re.compile(r'[\x00-\x1f\x7f-\x9f]')
-SECRET_FLAGS = ('--api-key', '--admin-api-key', '--hf-token', '--ssl-keyfile-password')
-API_KEY_ENV = 'SGLANG_API_KEY'
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--ssl-keyfile-password")
+API_KEY_ENV = "SGLANG_API_KEY"
 # An empty string would still be passed (--served-model-name "", --host ""): SGLang takes it and the
 # server runs with it. null is the way to leave a flag to SGLang.
 NON_EMPTY = (
-    'sglang_model_path',
-    'sglang_served_model_name',
-    'sglang_host',
-    'sglang_reasoning_parser',
-    'sglang_tool_call_parser',
-    'sglang_speculative_algorithm',
-    'sglang_speculative_draft_model_path',
+    "sglang_model_path",
+    "sglang_served_model_name",
+    "sglang_host",
+    "sglang_reasoning_parser",
+    "sglang_tool_call_parser",
+    "sglang_speculative_algorithm",
+    "sglang_speculative_draft_model_path",
 )
 
 
@@ -69,16 +70,16 @@ def is_number(value):
 def type_name(value):
     """What Ansible's type_debug says for the plain types a variable can hold."""
     for kind, name in (
-        (bool, 'bool'),
-        (int, 'int'),
-        (float, 'float'),
-        (str, 'str'),
-        (list, 'list'),
-        (dict, 'dict'),
+        (bool, "bool"),
+        (int, "int"),
+        (float, "float"),
+        (str, "str"),
+        (list, "list"),
+        (dict, "dict"),
     ):
         if isinstance(value, kind):
             return name
-    return 'NoneType' if value is None else type(value).__name__
+    return "NoneType" if value is None else type(value).__name__
 
 
 def shown(value, length):
@@ -90,7 +91,7 @@ def shown(value, length):
         text = json.dumps(str(value))
     if len(text) <= length + 5:
         return text
-    return text[: length - 3].rsplit(' ', 1)[0] + '...'
+    return text[: length - 3].rsplit(" ", 1)[0] + "..."
 
 
 def has_control(value):
@@ -100,63 +101,63 @@ def has_control(value):
 def check_types(s, int_settings, string_settings):
     errors = []
     for item in int_settings:
-        if item['name'] in ROLE_BOUNDS:
-            item = dict(item, min=ROLE_BOUNDS[item['name']][0], max=ROLE_BOUNDS[item['name']][1])
-        value = s.get(item['name'])
-        ok = (item['nullable'] and value is None) or (is_int(value) and item['min'] <= value <= item['max'])
+        if item["name"] in ROLE_BOUNDS:
+            item = dict(item, min=ROLE_BOUNDS[item["name"]][0], max=ROLE_BOUNDS[item["name"]][1])
+        value = s.get(item["name"])
+        ok = (item["nullable"] and value is None) or (is_int(value) and item["min"] <= value <= item["max"])
         if not ok:
             errors.append(
                 f"{item['name']}={shown(value, 40)} ({type_name(value)}): must be an integer"
                 f" from {item['min']} to {item['max']}{' or null' if item['nullable'] else ''}"
                 ' (a quoted "2048" is a string: use | int or an unquoted number)'
             )
-    if s['sglang_tp_size'] not in (1, 2, 4, 8) or isinstance(s['sglang_tp_size'], bool):
+    if s["sglang_tp_size"] not in (1, 2, 4, 8) or isinstance(s["sglang_tp_size"], bool):
         errors.append(f"sglang_tp_size={s['sglang_tp_size']}: must be 1, 2, 4 or 8")
-    frac = s['sglang_mem_fraction_static']
+    frac = s["sglang_mem_fraction_static"]
     if not (frac is None or (is_number(frac) and 0 < frac < 1)):
         errors.append(
-            f'sglang_mem_fraction_static={shown(frac, 40)}: must be a number with 0 < x < 1, or null'
+            f"sglang_mem_fraction_static={shown(frac, 40)}: must be a number with 0 < x < 1, or null"
         )
     for name in string_settings:
         value = s.get(name)
         if not (value is None or (isinstance(value, str) and not has_control(value))):
-            errors.append(f'{name}: must be a string without newline, NUL or other control characters')
+            errors.append(f"{name}: must be a string without newline, NUL or other control characters")
     for name in NON_EMPTY:
         value = s.get(name)
-        if isinstance(value, str) and value == '':
+        if isinstance(value, str) and value == "":
             errors.append(f"{name}: must not be an empty string (null leaves the flag to SGLang's default)")
     return errors
 
 
 def check_api_key(s):
-    key = s['sglang_api_key']
+    key = s["sglang_api_key"]
     if not (isinstance(key, str) and not has_control(key) and key == key.strip()):
         return [
-            'sglang_api_key: must be a string without control characters or leading/trailing spaces'
-            ' (value not shown)'
+            "sglang_api_key: must be a string without control characters or leading/trailing spaces"
+            " (value not shown)"
         ]
-    if key.startswith('-'):
+    if key.startswith("-"):
         # `--api-key -x...`: SGLang's argparse takes the value for an option and exits 2 at start
         # (the preflight checks the argv with a placeholder, so only this rule sees the value).
         return [
             "sglang_api_key: must not start with '-' (SGLang's argparse would read it as an option"
-            ' and exit 2 at start; value not shown)'
+            " and exit 2 at start; value not shown)"
         ]
     return []
 
 
 def check_paths(s):
     errors = []
-    launcher = s['sglang_launcher']
-    first = launcher[0] if isinstance(launcher, list) and launcher else ''
+    launcher = s["sglang_launcher"]
+    first = launcher[0] if isinstance(launcher, list) and launcher else ""
     for name, path in (
-        ('sglang_model_path', s['sglang_model_path']),
-        ('sglang_venv', s['sglang_venv']),
-        ('sglang_home', s['sglang_home']),
-        ('sglang_launcher[0]', first),
+        ("sglang_model_path", s["sglang_model_path"]),
+        ("sglang_venv", s["sglang_venv"]),
+        ("sglang_home", s["sglang_home"]),
+        ("sglang_launcher[0]", first),
     ):
-        if not (isinstance(path, str) and path.startswith('/')):
-            errors.append(f'{name}={shown(path, 60)}: must be an absolute path')
+        if not (isinstance(path, str) and path.startswith("/")):
+            errors.append(f"{name}={shown(path, 60)}: must be an absolute path")
     if not (
         isinstance(launcher, list)
         and launcher
@@ -164,92 +165,98 @@ def check_paths(s):
         and not any(has_control(a) for a in launcher)
     ):
         errors.append(
-            'sglang_launcher: must be a non-empty list of strings without control characters,'
-            ' first an absolute path'
+            "sglang_launcher: must be a non-empty list of strings without control characters,"
+            " first an absolute path"
         )
-    for path in s['sglang_read_write_paths']:
+    for path in s["sglang_read_write_paths"]:
         if not (
             isinstance(path, str)
-            and path.startswith('/')
+            and path.startswith("/")
             and not has_control(path)
-            and not re.search(r'\s', path)
+            and not re.search(r"\s", path)
         ):
             errors.append(
-                f'sglang_read_write_paths: {shown(path, 60)} must be an absolute path without spaces'
-                ' or control characters'
+                f"sglang_read_write_paths: {shown(path, 60)} must be an absolute path without spaces"
+                " or control characters"
             )
-    for path in s['cache_paths']:
-        if re.search(r'\s', path):
+    for path in s["cache_paths"]:
+        if re.search(r"\s", path):
             errors.append(
-                f'sglang_environment: the cache directory {shown(path, 60)} contains whitespace; it'
-                ' must be a plain absolute path (it becomes a ReadWritePaths= entry of the unit)'
+                f"sglang_environment: the cache directory {shown(path, 60)} contains whitespace; it"
+                " must be a plain absolute path (it becomes a ReadWritePaths= entry of the unit)"
             )
     return errors
 
 
 def check_speculative(s):
     errors = []
-    algo = s['sglang_speculative_algorithm']
+    algo = s["sglang_speculative_algorithm"]
     if not (
         algo is None
-        or (isinstance(algo, str) and re.match(r'^[A-Za-z][A-Za-z0-9_]{0,31}$', algo) and '\n' not in algo)
+        or (isinstance(algo, str) and re.match(r"^[A-Za-z][A-Za-z0-9_]{0,31}$", algo) and "\n" not in algo)
     ):
         errors.append(
-            f'sglang_speculative_algorithm={shown(algo, 40)}: must be an algorithm name such as'
-            ' DFLASH, EAGLE3 or NGRAM (letters, digits, _), or null for none'
+            f"sglang_speculative_algorithm={shown(algo, 40)}: must be an algorithm name such as"
+            " DFLASH, EAGLE3 or NGRAM (letters, digits, _), or null for none"
         )
-    draft = s['sglang_speculative_draft_model_path']
+    draft = s["sglang_speculative_draft_model_path"]
     dflash = isinstance(algo, str) and algo.upper() in OPTIONS.DFLASH_BASED
-    if not ((draft is None or (isinstance(draft, str) and draft.startswith('/'))) and (not dflash or draft)):
+    if not ((draft is None or (isinstance(draft, str) and draft.startswith("/"))) and (not dflash or draft)):
         errors.append(
-            f'sglang_speculative_draft_model_path={shown(draft, 60)}: must be an absolute path, and is'
-            ' required with sglang_speculative_algorithm=DFLASH or DDTREE'
+            f"sglang_speculative_draft_model_path={shown(draft, 60)}: must be an absolute path, and is"
+            " required with sglang_speculative_algorithm=DFLASH or DDTREE"
         )
-    window, block = s['sglang_speculative_draft_window_size'], s['sglang_speculative_block_size']
-    tokens = s['sglang_speculative_num_draft_tokens']
+    window, block = s["sglang_speculative_draft_window_size"], s["sglang_speculative_block_size"]
+    tokens = s["sglang_speculative_num_draft_tokens"]
     if all(is_int(v) or v is None for v in (window, block, tokens)):
         if (window is not None and block is not None and window < block) or (
             window is not None and tokens is not None and window < tokens
         ):
             errors.append(
-                f'sglang_speculative_draft_window_size={window} must be >= the block size'
-                f' (sglang_speculative_block_size={json.dumps(block)},'
-                f' sglang_speculative_num_draft_tokens={json.dumps(tokens)}); SGLang refuses it at start'
+                f"sglang_speculative_draft_window_size={window} must be >= the block size"
+                f" (sglang_speculative_block_size={json.dumps(block)},"
+                f" sglang_speculative_num_draft_tokens={json.dumps(tokens)}); SGLang refuses it at start"
             )
         if block is not None and tokens is not None and block != tokens:
             errors.append(
-                f'sglang_speculative_block_size={block} and sglang_speculative_num_draft_tokens={tokens}:'
-                ' for DFLASH the block size IS the number of draft tokens; set one of them (SGLang fails'
-                ' when both are set and differ)'
+                f"sglang_speculative_block_size={block} and sglang_speculative_num_draft_tokens={tokens}:"
+                " for DFLASH the block size IS the number of draft tokens; set one of them (SGLang fails"
+                " when both are set and differ)"
             )
     return errors
 
 
 # Role variable -> canonical key, for the settings a build profile can refuse.
 PROFILE_SETTINGS = {
-    'sglang_speculative_algorithm': 'speculative_algorithm',
-    'sglang_speculative_draft_window_size': 'speculative_draft_window_size',
-    'sglang_speculative_tree_budget': 'speculative_ddtree_budget',
-    'sglang_speculative_topk': 'speculative_eagle_topk',
-    'sglang_speculative_num_steps': 'speculative_num_steps',
-    'sglang_speculative_num_draft_tokens': 'speculative_num_draft_tokens',
-    'sglang_speculative_block_size': 'speculative_dflash_block_size',
+    "sglang_speculative_algorithm": "speculative_algorithm",
+    "sglang_speculative_draft_window_size": "speculative_draft_window_size",
+    "sglang_speculative_tree_budget": "speculative_ddtree_budget",
+    "sglang_speculative_topk": "speculative_eagle_topk",
+    "sglang_speculative_num_steps": "speculative_num_steps",
+    "sglang_speculative_num_draft_tokens": "speculative_num_draft_tokens",
+    "sglang_speculative_block_size": "speculative_dflash_block_size",
 }
 
 
 def check_profile(s, env):
     """The build profile exists and is well formed, and the settings ask nothing the build refuses."""
-    profile, errors = OPTIONS.select_profile(s.get('sglang_build_profile'), s.get('sglang_build_profiles'))
+    profile, errors = OPTIONS.select_profile(s.get("sglang_build_profile"), s.get("sglang_build_profiles"))
     if errors:
         return errors
-    settings = {key: s.get(var) for var, key in PROFILE_SETTINGS.items()
-                if is_int(s.get(var)) or (key == 'speculative_algorithm' and isinstance(s.get(var), str))}
-    if s.get('sglang_speculative_algorithm') is None:
+    settings = {
+        key: s.get(var)
+        for var, key in PROFILE_SETTINGS.items()
+        if is_int(s.get(var)) or (key == "speculative_algorithm" and isinstance(s.get(var), str))
+    }
+    if s.get("sglang_speculative_algorithm") is None:
         settings = {}
-    page = [item.get('value') for item in s.get('sglang_extra_args') or []
-            if isinstance(item, dict) and item.get('arg') == '--page-size']
+    page = [
+        item.get("value")
+        for item in s.get("sglang_extra_args") or []
+        if isinstance(item, dict) and item.get("arg") == "--page-size"
+    ]
     if page and str(page[-1]).isdigit():
-        settings['page_size'] = int(page[-1])
+        settings["page_size"] = int(page[-1])
     return OPTIONS.plan_settings(settings, profile, env)[2]
 
 
@@ -264,20 +271,20 @@ def check_points(points, variables):
     """
     rejected = {}
     for point in points:
-        settings = point.get('settings') if isinstance(point, dict) else None
+        settings = point.get("settings") if isinstance(point, dict) else None
         s = dict(variables)
         s.update(settings if isinstance(settings, dict) else {})
-        env = s.get('sglang_environment')
+        env = s.get("sglang_environment")
         errors = check_profile(s, env if isinstance(env, dict) else {})
         if errors:
-            rejected[str(point.get('name') if isinstance(point, dict) else point)] = ' | '.join(errors)
+            rejected[str(point.get("name") if isinstance(point, dict) else point)] = " | ".join(errors)
     return rejected
 
 
 # Prefixes of this repository's variables (roles sglang, sglang_pull, model_weights, nvidia_driver,
 # cuda_toolkit; the GPU play's nvidia_*, the sweep's and gitops' playbook variables) and Ansible's own:
 # extra vars with them are never taken for a misspelt knob.
-KNOWN_VAR_PREFIXES = ('sglang_', 'sweep_', 'gitops_', 'nvidia_', 'cuda_', 'model_weights_', 'ansible_', '_')
+KNOWN_VAR_PREFIXES = ("sglang_", "sweep_", "gitops_", "nvidia_", "cuda_", "model_weights_", "ansible_", "_")
 
 
 def extra_var_names(loader):
@@ -302,7 +309,7 @@ def check_extra_var_names(names):
         if knob:
             errors.append(
                 f"{name}: not a knob; did you mean {knob}? (the knobs: {', '.join(OPTIONS.KNOB_NAMES)};"
-                ' nothing was deployed)'
+                " nothing was deployed)"
             )
     return errors
 
@@ -311,12 +318,15 @@ def check_knobs(knobs, extra_names=()):
     """Every knob given (extra vars are strings) is an integer within the ONE set of bounds, and no
     extra var is a misspelt knob (``extra_names``: the names given with -e)."""
     errors = check_extra_var_names(extra_names)
-    errors += [OPTIONS.knob_error(name, value) for name, value in knobs.items()
-               if name in OPTIONS.KNOBS and value is not None]
-    algo = knobs.get('algorithm')
-    if algo is not None and not re.match(r'^[A-Za-z][A-Za-z0-9_]{0,31}$', str(algo)):
+    errors += [
+        OPTIONS.knob_error(name, value)
+        for name, value in knobs.items()
+        if name in OPTIONS.KNOBS and value is not None
+    ]
+    algo = knobs.get("algorithm")
+    if algo is not None and not re.match(r"^[A-Za-z][A-Za-z0-9_]{0,31}$", str(algo)):
         errors.append(
-            f'algorithm={shown(str(algo), 40)}: must be a speculative algorithm name such as DFLASH or DDTREE'
+            f"algorithm={shown(str(algo), 40)}: must be a speculative algorithm name such as DFLASH or DDTREE"
         )
     return [e for e in errors if e]
 
@@ -324,23 +334,23 @@ def check_knobs(knobs, extra_names=()):
 def check_environment(env):
     errors = []
     for name, value in env.items():
-        if not (isinstance(name, str) and re.match(r'^[A-Z_][A-Z0-9_]*$', name) and name != API_KEY_ENV):
+        if not (isinstance(name, str) and re.match(r"^[A-Z_][A-Z0-9_]*$", name) and name != API_KEY_ENV):
             errors.append(
-                f'sglang_environment: the name {shown(str(name), 40)} must match ^[A-Z_][A-Z0-9_]*$'
-                f' ({API_KEY_ENV} is not allowed here: set sglang_api_key)'
+                f"sglang_environment: the name {shown(str(name), 40)} must match ^[A-Z_][A-Z0-9_]*$"
+                f" ({API_KEY_ENV} is not allowed here: set sglang_api_key)"
             )
         if not ((isinstance(value, str) or is_number(value)) and not has_control(value)):
             errors.append(
-                f'sglang_environment.{name}: must be a string or number without newline, NUL or other'
-                f' control characters (got {type_name(value)})'
+                f"sglang_environment.{name}: must be a string or number without newline, NUL or other"
+                f" control characters (got {type_name(value)})"
             )
-    if 'CUDA_VISIBLE_DEVICES' in env and not re.match(
-        r'^[0-9]+(,[0-9]+)*$', str(env['CUDA_VISIBLE_DEVICES'])
+    if "CUDA_VISIBLE_DEVICES" in env and not re.match(
+        r"^[0-9]+(,[0-9]+)*$", str(env["CUDA_VISIBLE_DEVICES"])
     ):
         errors.append(
             f"sglang_environment.CUDA_VISIBLE_DEVICES={shown(str(env['CUDA_VISIBLE_DEVICES']), 60)}:"
             ' must list numeric device ids like "0,1,2,3,4,5,6,7" (GPU UUIDs break SGLang\'s'
-            ' all-reduce set-up)'
+            " all-reduce set-up)"
         )
     return errors
 
@@ -349,87 +359,87 @@ def check_nccl(s):
     """The GPU play's NCCL decision (nvidia_nccl_p2p_disable) owns NCCL_P2P_DISABLE in the service
     environment (roles/sglang/vars/main.yml __sglang_nccl_environment); sglang_environment may not
     contradict it."""
-    decision = s.get('nvidia_nccl_p2p_disable')
+    decision = s.get("nvidia_nccl_p2p_disable")
     if decision is None:
         return []
-    if isinstance(decision, str) and decision.lower() in ('true', 'false'):
-        decision = decision.lower() == 'true'
+    if isinstance(decision, str) and decision.lower() in ("true", "false"):
+        decision = decision.lower() == "true"
     if not isinstance(decision, bool):
         return [
-            f'nvidia_nccl_p2p_disable={shown(decision, 40)}: must be true or false (the NCCL peer-to-peer'
-            ' decision, docs/gpu-hosts.md)'
+            f"nvidia_nccl_p2p_disable={shown(decision, 40)}: must be true or false (the NCCL peer-to-peer"
+            " decision, docs/gpu-hosts.md)"
         ]
-    user = s.get('sglang_environment')
-    value = user.get('NCCL_P2P_DISABLE') if isinstance(user, dict) else None
-    if value is None or (str(value) == '1') == decision:
+    user = s.get("sglang_environment")
+    value = user.get("NCCL_P2P_DISABLE") if isinstance(user, dict) else None
+    if value is None or (str(value) == "1") == decision:
         return []
     return [
-        f'sglang_environment.NCCL_P2P_DISABLE={shown(str(value), 20)} contradicts nvidia_nccl_p2p_disable:'
-        f' {str(decision).lower()}, which {"sets NCCL_P2P_DISABLE=1" if decision else "keeps NCCL P2P on"}'
-        ' in the service environment; remove it from sglang_environment (docs/gpu-hosts.md)'
+        f"sglang_environment.NCCL_P2P_DISABLE={shown(str(value), 20)} contradicts nvidia_nccl_p2p_disable:"
+        f" {str(decision).lower()}, which {'sets NCCL_P2P_DISABLE=1' if decision else 'keeps NCCL P2P on'}"
+        " in the service environment; remove it from sglang_environment (docs/gpu-hosts.md)"
     ]
 
 
 def check_extra_args(extra):
     secret = [
-        arg.split('=', 1)[0]
-        for arg in (i.get('arg') for i in extra if isinstance(i, dict))
-        if isinstance(arg, str) and arg.split('=', 1)[0] in SECRET_FLAGS
+        arg.split("=", 1)[0]
+        for arg in (i.get("arg") for i in extra if isinstance(i, dict))
+        if isinstance(arg, str) and arg.split("=", 1)[0] in SECRET_FLAGS
     ]
     if secret:
         # Nothing else about the extra arguments: the per-item message would show the secret.
         return [
             f"sglang_extra_args: {', '.join(secret)} takes a secret (value not shown); extra arguments"
-            ' are written into the unit in clear text: set sglang_api_key instead'
+            " are written into the unit in clear text: set sglang_api_key instead"
         ]
     errors = []
     for index, item in enumerate(extra):
-        value = item.get('value') if isinstance(item, dict) else None
+        value = item.get("value") if isinstance(item, dict) else None
         ok = (
             isinstance(item, dict)
-            and not set(item) - {'arg', 'value'}
-            and isinstance(item.get('arg'), str)
-            and re.match(r'^--[A-Za-z0-9][A-Za-z0-9_-]*$', item['arg']) is not None
+            and not set(item) - {"arg", "value"}
+            and isinstance(item.get("arg"), str)
+            and re.match(r"^--[A-Za-z0-9][A-Za-z0-9_-]*$", item["arg"]) is not None
             and (
-                'value' not in item or (isinstance(value, str) and not has_control(value)) or is_number(value)
+                "value" not in item or (isinstance(value, str) and not has_control(value)) or is_number(value)
             )
         )
         if not ok:
             errors.append(
                 f'sglang_extra_args[{index}] {shown(item, 80)}: each item has exactly "arg" (a long flag'
                 ' such as --chunked-prefill-size, no "=value") and optionally "value" (a string or number'
-                ' without control characters; leave it out for a store_true flag)'
+                " without control characters; leave it out for a store_true flag)"
             )
     return errors
 
 
 def check_service(s):
     errors = []
-    posix = re.compile(r'^[a-z_][a-z0-9_-]{0,31}$')
-    name = s['sglang_service_name']
+    posix = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+    name = s["sglang_service_name"]
     if not (
-        isinstance(s['sglang_user'], str)
-        and posix.match(s['sglang_user'])
-        and isinstance(s['sglang_group'], str)
-        and posix.match(s['sglang_group'])
+        isinstance(s["sglang_user"], str)
+        and posix.match(s["sglang_user"])
+        and isinstance(s["sglang_group"], str)
+        and posix.match(s["sglang_group"])
         and isinstance(name, str)
-        and re.match(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$', name)
-        and not name.endswith('.service')
+        and re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name)
+        and not name.endswith(".service")
     ):
         errors.append(
             f"sglang_user={json.dumps(s['sglang_user'])}, sglang_group={json.dumps(s['sglang_group'])}:"
-            f' must be POSIX user/group names; sglang_service_name={json.dumps(name)}: letters, digits,'
-            ' _ . - without the .service suffix'
+            f" must be POSIX user/group names; sglang_service_name={json.dumps(name)}: letters, digits,"
+            " _ . - without the .service suffix"
         )
     interval, burst, restart = (
-        s['sglang_start_limit_interval_sec'],
-        s['sglang_start_limit_burst'],
-        s['sglang_restart_sec'],
+        s["sglang_start_limit_interval_sec"],
+        s["sglang_start_limit_burst"],
+        s["sglang_restart_sec"],
     )
     if all(is_int(v) for v in (interval, burst, restart)) and not interval > burst * restart:
         errors.append(
-            f'sglang_start_limit_interval_sec={interval} must exceed sglang_start_limit_burst x'
-            f' sglang_restart_sec ({burst * restart} s), otherwise a crash loop never reaches the start limit'
+            f"sglang_start_limit_interval_sec={interval} must exceed sglang_start_limit_burst x"
+            f" sglang_restart_sec ({burst * restart} s), otherwise a crash loop never reaches the start limit"
             ' and never ends in "failed"'
         )
     return errors
@@ -437,46 +447,46 @@ def check_service(s):
 
 def check_install(s):
     errors = []
-    source = s['sglang_install_source']
-    version = s['sglang_version']
-    if source in ('pypi', 'wheelhouse') and not (
-        isinstance(version, str) and re.match(r'^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$', version)
+    source = s["sglang_install_source"]
+    version = s["sglang_version"]
+    if source in ("pypi", "wheelhouse") and not (
+        isinstance(version, str) and re.match(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$", version)
     ):
-        errors.append(f'sglang_version={shown(version, 40)}: must be a release version such as 0.5.23')
-    src = s['sglang_wheelhouse_src']
-    if source == 'wheelhouse' and not (
+        errors.append(f"sglang_version={shown(version, 40)}: must be a release version such as 0.5.23")
+    src = s["sglang_wheelhouse_src"]
+    if source == "wheelhouse" and not (
         isinstance(src, str)
-        and src.startswith('/')
+        and src.startswith("/")
         and os.path.isdir(src)
-        and glob.glob(os.path.join(glob.escape(src), 'sglang-*.whl'))
+        and glob.glob(os.path.join(glob.escape(src), "sglang-*.whl"))
     ):
         errors.append(
-            f'sglang_wheelhouse_src={json.dumps(src)}: must be an absolute directory on the controller'
-            ' holding an sglang-*.whl (build it with `make wheelhouse`)'
+            f"sglang_wheelhouse_src={json.dumps(src)}: must be an absolute directory on the controller"
+            " holding an sglang-*.whl (build it with `make wheelhouse`)"
         )
-    repo, ref = s['sglang_git_repo'], s['sglang_git_ref']
-    if source == 'git' and not (
+    repo, ref = s["sglang_git_repo"], s["sglang_git_ref"]
+    if source == "git" and not (
         isinstance(repo, str)
-        and re.match(r'^(https|ssh|file)://[^\s#]+$', repo)
+        and re.match(r"^(https|ssh|file)://[^\s#]+$", repo)
         and isinstance(ref, str)
-        and re.match(r'^[A-Za-z0-9][A-Za-z0-9._/-]*$', ref)
+        and re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", ref)
     ):
         errors.append(
-            'sglang_install_source=git needs sglang_git_repo (an https://, ssh:// or file:// URL, now'
-            f' {shown(repo, 80)}) and sglang_git_ref (a commit, tag or branch without spaces, @ or #, now'
-            f' {shown(ref, 60)})'
+            "sglang_install_source=git needs sglang_git_repo (an https://, ssh:// or file:// URL, now"
+            f" {shown(repo, 80)}) and sglang_git_ref (a commit, tag or branch without spaces, @ or #, now"
+            f" {shown(ref, 60)})"
         )
-    reqs = s['sglang_dependency_requirements']
-    if not s['sglang_install_dependencies'] and not (
+    reqs = s["sglang_dependency_requirements"]
+    if not s["sglang_install_dependencies"] and not (
         isinstance(reqs, list)
         and reqs
         and all(isinstance(r, str) for r in reqs)
-        and not any(has_control(r) or r.startswith('-') for r in reqs)
+        and not any(has_control(r) or r.startswith("-") for r in reqs)
     ):
         errors.append(
-            'sglang_install_dependencies=false: sglang_dependency_requirements must list the requirement'
+            "sglang_install_dependencies=false: sglang_dependency_requirements must list the requirement"
             ' specifiers SGLang needs (strings such as "torch==2.14.1", no pip options), otherwise SGLang is'
-            ' installed with --no-deps and nothing to import'
+            " installed with --no-deps and nothing to import"
         )
     return errors
 
@@ -484,10 +494,10 @@ def check_install(s):
 def check_settings(settings, int_settings, string_settings):
     """Every failed rule, as one sentence naming the setting (empty: all good)."""
     s = settings
-    env = s['environment'] if isinstance(s['environment'], dict) else {}
-    extra = s['sglang_extra_args'] if isinstance(s['sglang_extra_args'], list) else []
+    env = s["environment"] if isinstance(s["environment"], dict) else {}
+    extra = s["sglang_extra_args"] if isinstance(s["sglang_extra_args"], list) else []
     s = dict(
-        s, sglang_read_write_paths=s['sglang_read_write_paths'] or [], cache_paths=s['cache_paths'] or []
+        s, sglang_read_write_paths=s["sglang_read_write_paths"] or [], cache_paths=s["cache_paths"] or []
     )
     return (
         check_types(s, int_settings, string_settings)
@@ -512,28 +522,36 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars or {})
         args = self._task.args
-        if 'knobs' in args:  # the command-line knobs (-e window=2048), bounds from sglang_options.KNOBS
-            errors = check_knobs(args['knobs'] or {}, extra_var_names(self._loader))
-            result.update(changed=False, failed=bool(errors), errors=errors,
-                          msg=' | '.join(errors) if errors else 'all knobs are valid')
+        if "knobs" in args:  # the command-line knobs (-e window=2048), bounds from sglang_options.KNOBS
+            errors = check_knobs(args["knobs"] or {}, extra_var_names(self._loader))
+            result.update(
+                changed=False,
+                failed=bool(errors),
+                errors=errors,
+                msg=" | ".join(errors) if errors else "all knobs are valid",
+            )
             return result
-        if 'points' in args:  # playbooks/sweep.yml: the points the build cannot honour (never fails)
-            points, variables = args['points'] or [], args.get('variables') or {}
+        if "points" in args:  # playbooks/sweep.yml: the points the build cannot honour (never fails)
+            points, variables = args["points"] or [], args.get("variables") or {}
             if not isinstance(points, list) or not isinstance(variables, dict):
-                raise AnsibleActionFail('sglang_settings_check: points must be a list, variables a mapping')
+                raise AnsibleActionFail("sglang_settings_check: points must be a list, variables a mapping")
             rejected = check_points(points, variables)
-            result.update(changed=False, failed=False, rejected=rejected,
-                          msg=f'{len(rejected)} of {len(points)} points rejected by the build profile')
+            result.update(
+                changed=False,
+                failed=False,
+                rejected=rejected,
+                msg=f"{len(rejected)} of {len(points)} points rejected by the build profile",
+            )
             return result
-        missing = [k for k in ('settings', 'int_settings', 'string_settings') if k not in args]
+        missing = [k for k in ("settings", "int_settings", "string_settings") if k not in args]
         if missing:
             raise AnsibleActionFail(f"sglang_settings_check: missing option(s) {', '.join(missing)}")
-        errors = check_settings(args['settings'], args['int_settings'], args['string_settings'])
-        result['changed'] = False
+        errors = check_settings(args["settings"], args["int_settings"], args["string_settings"])
+        result["changed"] = False
         if errors:
-            result['failed'] = True
-            result['msg'] = ' | '.join(errors)
-            result['errors'] = errors
+            result["failed"] = True
+            result["msg"] = " | ".join(errors)
+            result["errors"] = errors
         else:
-            result['msg'] = 'all settings are valid'
+            result["msg"] = "all settings are valid"
         return result

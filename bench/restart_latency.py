@@ -76,8 +76,13 @@ def restart(host: Host, unit: str, port: int, stable: float, count: int, timeout
     host.command("systemctl", "reset-failed", unit)
     return host.run(
         "sglang_verified_restart",
-        {"unit": unit, "port": port, "ready_timeout": timeout,
-         "stable_seconds": stable, "health_count": count},
+        {
+            "unit": unit,
+            "port": port,
+            "ready_timeout": timeout,
+            "stable_seconds": stable,
+            "health_count": count,
+        },
     )
 
 
@@ -141,7 +146,10 @@ def main() -> int:
     if host_name is None:
         listed = subprocess.run(
             [str(ROOT / ".venv" / "bin" / "ansible-inventory"), "-i", inventory, "--list"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         host_name = json.loads(listed)["gpu_nodes"]["hosts"][0]
     host = Host(inventory, host_name)
@@ -158,8 +166,10 @@ def main() -> int:
                 continue
             lived.append(result["died_after"])
             detected.append(result["detected_after_death"])
-            print(f"  crash {n + 1}: died {result['died_after']:.3f} s after start, module failed "
-                  f"{result['detected_after_death']:.3f} s after the death (exit {result.get('exit')})")
+            print(
+                f"  crash {n + 1}: died {result['died_after']:.3f} s after start, module failed "
+                f"{result['detected_after_death']:.3f} s after the death (exit {result.get('exit')})"
+            )
     finally:
         set_crash(host, args.unit, None)
     print(f"(a) death -> module failure, s (target <= 2): {fmt(detected)}")

@@ -94,12 +94,32 @@ LOG_FORMAT, DATE_FORMAT = "[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"  # SG
 GB = 1 << 30
 LAB_GPU_MEM_GB = 94.97
 LAB_GPU_NAME = "NVIDIA H100 NVL"  # synthetic: what get_device_name() reports for a 94.97 GB GPU
-FLUSH_OK = (b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-            b"requests, the operation will not be performed.)\n")
+FLUSH_OK = (
+    b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+    b"requests, the operation will not be performed.)\n"
+)
 OLD_WINDOW_KEY, NEW_WINDOW_KEY = "speculative_dflash_draft_window_size", "speculative_draft_window_size"
 KV_DTYPES = {"fp8_e4m3": "torch.float8_e4m3fn", "fp8_e5m2": "torch.float8_e5m2"}
-WORDS = ("the", "lab", "server", "answers", "with", "synthetic", "tokens", "for", "a", "deployment",
-         "test", "of", "speculative", "decoding", "on", "systemd", ".", ",")
+WORDS = (
+    "the",
+    "lab",
+    "server",
+    "answers",
+    "with",
+    "synthetic",
+    "tokens",
+    "for",
+    "a",
+    "deployment",
+    "test",
+    "of",
+    "speculative",
+    "decoding",
+    "on",
+    "systemd",
+    ".",
+    ",",
+)
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 engine_log = logging.getLogger("sglang.srt.entrypoints.engine")
@@ -188,14 +208,41 @@ PARSE_CACHE_ROOT_DIR = "/var/cache/sglang-lab-server"
 PARSE_CACHE_MAX_ENTRIES = 64
 HASH_LIMIT = 64 << 20  # a larger file read during resolution is compared by size, mtime and inode
 # Set anew for every start by systemd or a shell, read by no parser: not part of the key.
-PER_START_ENV = frozenset(("INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MANAGERPID",
-                           "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID", "LISTEN_FDS",
-                           "LISTEN_FDNAMES", "OLDPWD", "SHLVL", "_"))
+PER_START_ENV = frozenset(
+    (
+        "INVOCATION_ID",
+        "JOURNAL_STREAM",
+        "SYSTEMD_EXEC_PID",
+        "MANAGERPID",
+        "NOTIFY_SOCKET",
+        "WATCHDOG_PID",
+        "WATCHDOG_USEC",
+        "LISTEN_PID",
+        "LISTEN_FDS",
+        "LISTEN_FDNAMES",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    )
+)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 STREAMS = ("stdout", "stderr")
 STYLES = {"%": logging.PercentStyle, "{": logging.StrFormatStyle, "$": logging.StringTemplateStyle}
-RECORD_FIELDS = ("name", "msg", "levelname", "levelno", "pathname", "filename", "module", "lineno",
-                 "funcName", "exc_text", "stack_info", "threadName", "processName")
+RECORD_FIELDS = (
+    "name",
+    "msg",
+    "levelname",
+    "levelno",
+    "pathname",
+    "filename",
+    "module",
+    "lineno",
+    "funcName",
+    "exc_text",
+    "stack_info",
+    "threadName",
+    "processName",
+)
 REPLAYABLE_HANDLERS = (logging.StreamHandler, type(logging.lastResort))  # the latter: no handler at all
 # Defaults SGLang draws at random when the argv leaves them unset (serving_hook.py): a replay draws anew.
 RANDOM_DEFAULTS = {"random_seed": lambda: random.randint(0, 1 << 30)}
@@ -313,14 +360,29 @@ def parse_cache_key(argv: list[str], identity: dict) -> str:
         cwd = os.getcwd()
     except OSError:
         cwd = None
-    environment = sorted((name, value) for name, value in os.environ.items()
-                         if name not in PER_START_ENV and not name.startswith("SGLANG_LAB_"))
-    doc = {"format": PARSE_CACHE_FORMAT, "argv": list(argv),
-           "sglang": [identity["version"], identity["record_sha256"], identity["dist_info"]],
-           "distributions": installed_distributions(), "lab_server": file_digest(THIS_FILE),
-           "python": [sys.executable, sys.version, sys.path, sys.warnoptions, sys.flags.dev_mode,
-                      sys.flags.optimize],
-           "cwd": cwd, "environment": environment, "host": host_facts()}
+    environment = sorted(
+        (name, value)
+        for name, value in os.environ.items()
+        if name not in PER_START_ENV and not name.startswith("SGLANG_LAB_")
+    )
+    doc = {
+        "format": PARSE_CACHE_FORMAT,
+        "argv": list(argv),
+        "sglang": [identity["version"], identity["record_sha256"], identity["dist_info"]],
+        "distributions": installed_distributions(),
+        "lab_server": file_digest(THIS_FILE),
+        "python": [
+            sys.executable,
+            sys.version,
+            sys.path,
+            sys.warnoptions,
+            sys.flags.dev_mode,
+            sys.flags.optimize,
+        ],
+        "cwd": cwd,
+        "environment": environment,
+        "host": host_facts(),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -444,8 +506,14 @@ class ResolutionRecorder:
         ResolutionRecorder.active = None
         logging.Handler.handle = self.orig_handle
         sys.stdout, sys.stderr = self.real["stdout"], self.real["stderr"]
-        loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
-                                          if isinstance(logger, logging.Logger))]
+        loggers = [
+            logging.getLogger(),
+            *(
+                logger
+                for logger in logging.Logger.manager.loggerDict.values()
+                if isinstance(logger, logging.Logger)
+            ),
+        ]
         for handler in (h for logger in loggers for h in logger.handlers):
             if type(handler) is logging.StreamHandler and isinstance(handler.stream, TeeStream):
                 handler.setStream(handler.stream.real)  # handlers made meanwhile write straight again
@@ -483,8 +551,12 @@ class ResolutionRecorder:
             return
         fields = {name: getattr(record, name, None) for name in RECORD_FIELDS}
         fields["msg"] = record.getMessage()
-        fmt = {"fmt": formatter._fmt, "datefmt": formatter.datefmt, "style": style,
-               "terminator": handler.terminator}
+        fmt = {
+            "fmt": formatter._fmt,
+            "datefmt": formatter.datefmt,
+            "style": style,
+            "terminator": handler.terminator,
+        }
         self.events.append(["log", stream, fmt, fields])
 
     def logger_configured(self) -> None:
@@ -493,28 +565,46 @@ class ResolutionRecorder:
             return
         root = logging.getLogger()
         handler = root.handlers[0] if len(root.handlers) == 1 else None
-        if (handler is None or type(handler) is not logging.StreamHandler
-                or self.stream_of(handler) != "stderr" or type(handler.formatter) is not logging.Formatter
-                or type(handler.formatter._style) is not logging.PercentStyle
-                or handler.filters or root.filters or handler.level != logging.NOTSET):
+        if (
+            handler is None
+            or type(handler) is not logging.StreamHandler
+            or self.stream_of(handler) != "stderr"
+            or type(handler.formatter) is not logging.Formatter
+            or type(handler.formatter._style) is not logging.PercentStyle
+            or handler.filters
+            or root.filters
+            or handler.level != logging.NOTSET
+        ):
             self.refuse("SGLang's logging set-up is not basicConfig on stderr (SGLANG_LOGGING_CONFIG_PATH?)")
             return
         if isinstance(handler.stream, TeeStream):
             handler.setStream(handler.stream.real)
-        self.events.append(["configure", {"level": root.level, "fmt": handler.formatter._fmt,
-                                          "datefmt": handler.formatter.datefmt}])
+        self.events.append(
+            [
+                "configure",
+                {"level": root.level, "fmt": handler.formatter._fmt, "datefmt": handler.formatter.datefmt},
+            ]
+        )
 
     def dependencies(self, resolved: dict) -> tuple[list, list]:
         """The files SGLang read and the directories it listed or resolved to (the model's, the draft's),
         outside installation_roots(), with their sha256 / listing now."""
         skip = installation_roots()
-        files = {path: None for path in map(os.path.abspath, self.opened)
-                 if not under(path, skip) and "__pycache__" not in path.split(os.sep)}
+        files = {
+            path: None
+            for path in map(os.path.abspath, self.opened)
+            if not under(path, skip) and "__pycache__" not in path.split(os.sep)
+        }
         dirs = {path: None for path in map(os.path.abspath, self.listed) if not under(path, skip)}
-        dirs.update((os.path.abspath(value), None) for value in resolved.values()
-                    if isinstance(value, str) and value and os.path.isdir(value))
-        return ([[path, file_digest(path)] for path in sorted(files)],
-                [[path, dir_listing(path)] for path in sorted(dirs)])
+        dirs.update(
+            (os.path.abspath(value), None)
+            for value in resolved.values()
+            if isinstance(value, str) and value and os.path.isdir(value)
+        )
+        return (
+            [[path, file_digest(path)] for path in sorted(files)],
+            [[path, dir_listing(path)] for path in sorted(dirs)],
+        )
 
     def entry(self, key: str, resolved: dict, launch_command: object, version: object, kv_events: object):
         """The document ParseCache stores; None (a debug line says why) when a replay could not be exact."""
@@ -533,9 +623,18 @@ class ResolutionRecorder:
             cache_log.debug(f"sglang-lab-server: parse cache: result not stored: {problem}")
             return None
         files, dirs = self.dependencies(resolved)
-        return {"format": PARSE_CACHE_FORMAT, "key": key, "resolved": texts["resolved"],
-                "kv_events": texts["kv_events"], "launch_command": launch_command, "version": version,
-                "drawn": self.drawn, "events": self.events, "files": files, "dirs": dirs}
+        return {
+            "format": PARSE_CACHE_FORMAT,
+            "key": key,
+            "resolved": texts["resolved"],
+            "kv_events": texts["kv_events"],
+            "launch_command": launch_command,
+            "version": version,
+            "drawn": self.drawn,
+            "events": self.events,
+            "files": files,
+            "dirs": dirs,
+        }
 
 
 def valid_event(event: object) -> bool:
@@ -544,16 +643,24 @@ def valid_event(event: object) -> bool:
     kind, rest = event[0], event[1:]
     if kind == "configure":
         cfg = rest[0] if len(rest) == 1 and isinstance(rest[0], dict) else {}
-        return (isinstance(cfg.get("level"), int) and isinstance(cfg.get("fmt"), str)
-                and isinstance(cfg.get("datefmt"), (str, type(None))))
+        return (
+            isinstance(cfg.get("level"), int)
+            and isinstance(cfg.get("fmt"), str)
+            and isinstance(cfg.get("datefmt"), (str, type(None)))
+        )
     if kind == "text":
         return len(rest) == 2 and rest[0] in STREAMS and isinstance(rest[1], str)
     if kind == "log" and len(rest) == 3 and rest[0] in STREAMS and isinstance(rest[2], dict):
         fmt, fields = rest[1], rest[2]
-        return (isinstance(fmt, dict) and isinstance(fmt.get("fmt"), str) and fmt.get("style") in STYLES
-                and isinstance(fmt.get("datefmt"), (str, type(None)))
-                and isinstance(fmt.get("terminator"), str)
-                and isinstance(fields.get("msg"), str) and isinstance(fields.get("levelno"), int))
+        return (
+            isinstance(fmt, dict)
+            and isinstance(fmt.get("fmt"), str)
+            and fmt.get("style") in STYLES
+            and isinstance(fmt.get("datefmt"), (str, type(None)))
+            and isinstance(fmt.get("terminator"), str)
+            and isinstance(fields.get("msg"), str)
+            and isinstance(fields.get("levelno"), int)
+        )
     return False
 
 
@@ -575,12 +682,19 @@ class CachedResolution:
         self.events, self.files, self.dirs = doc["events"], doc["files"], doc["dirs"]
         lists = isinstance(self.files, list) and isinstance(self.dirs, list)
         pairs = [*self.files, *self.dirs] if lists else [None]
-        if not (isinstance(self.resolved, dict) and "model_path" in self.resolved and "port" in self.resolved
-                and isinstance(self.kv_events, (dict, type(None))) and isinstance(self.launch_command, str)
-                and isinstance(self.version, str) and isinstance(self.events, list)
-                and isinstance(self.drawn, list) and all(name in RANDOM_DEFAULTS for name in self.drawn)
-                and all(map(valid_event, self.events))
-                and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs)):
+        if not (
+            isinstance(self.resolved, dict)
+            and "model_path" in self.resolved
+            and "port" in self.resolved
+            and isinstance(self.kv_events, (dict, type(None)))
+            and isinstance(self.launch_command, str)
+            and isinstance(self.version, str)
+            and isinstance(self.events, list)
+            and isinstance(self.drawn, list)
+            and all(name in RANDOM_DEFAULTS for name in self.drawn)
+            and all(map(valid_event, self.events))
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in pairs)
+        ):
             raise ValueError("malformed entry")
         for event in self.events:  # a format that cannot render fails here, before anything is written
             if event[0] == "log":
@@ -659,8 +773,10 @@ class ParseCache:
         return cls(directory, parse_cache_key(argv, identity))
 
     def reject(self, reason: str) -> None:
-        cache_log.warning(f"sglang-lab-server: parse cache entry {self.path} ignored ({one_line(reason)}); "
-                          "parsing with SGLang")
+        cache_log.warning(
+            f"sglang-lab-server: parse cache entry {self.path} ignored ({one_line(reason)}); "
+            "parsing with SGLang"
+        )
 
     def lookup(self) -> CachedResolution | None:
         try:
@@ -698,16 +814,18 @@ class ParseCache:
             if tmp:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-            cache_log.warning(f"sglang-lab-server: parse cache entry {self.path} not written: "
-                              f"{one_line(exc)}")
+            cache_log.warning(
+                f"sglang-lab-server: parse cache entry {self.path} not written: {one_line(exc)}"
+            )
             return
         self.prune()
 
     def prune(self) -> None:
         try:
             with os.scandir(self.directory) as scan:
-                entries = [(e.stat().st_mtime, e.path, e.name) for e in scan
-                           if e.is_file(follow_symlinks=False)]
+                entries = [
+                    (e.stat().st_mtime, e.path, e.name) for e in scan if e.is_file(follow_symlinks=False)
+                ]
         except OSError:
             return
         now = time.time()
@@ -750,7 +868,8 @@ def use_light_sglang_imports() -> None:
             continue
         package = LazyPackage(name)
         package.__spec__ = package._lab_init_spec = spec_from_file_location(
-            name, init, submodule_search_locations=[directory])
+            name, init, submodule_search_locations=[directory]
+        )
         package.__path__, package.__package__, package.__file__ = [directory], name, init
         package.__loader__ = package.__spec__.loader
         sys.modules[name] = package
@@ -809,15 +928,21 @@ def replay_serving_api() -> types.SimpleNamespace:
 
     def build_sse_content(chunk_id, created, model, index, role=None, content=None, finish_reason=None):
         delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
-        chunk = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                 "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}]}
+        chunk = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
+        }
         return f"data: {json.dumps(chunk)}\n\n"
 
     return types.SimpleNamespace(
         ChatCompletionResponse=plain_model("ChatCompletionResponse", object="chat.completion"),
         ChatCompletionResponseChoice=plain_model("ChatCompletionResponseChoice"),
-        ChatCompletionStreamResponse=plain_model("ChatCompletionStreamResponse",
-                                                 object="chat.completion.chunk"),
+        ChatCompletionStreamResponse=plain_model(
+            "ChatCompletionStreamResponse", object="chat.completion.chunk"
+        ),
         ChatMessage=plain_model("ChatMessage"),
         ModelCard=plain_model("ModelCard", object="model", owned_by="sglang"),
         ModelList=plain_model("ModelList", object="list"),
@@ -832,9 +957,15 @@ def runner_fields(d: dict, draft_arch: str) -> dict:
     """What a draft worker's start-up line reports, from the resolved args."""
     window = d.get(NEW_WINDOW_KEY, d.get(OLD_WINDOW_KEY))
     budget = d.get("speculative_ddtree_budget")
-    return dict(d, speculative_draft_attention_backend=d.get("speculative_draft_attention_backend")
-                or d.get("attention_backend"), speculative_draft_window_size=window, draft_model=draft_arch,
-                compact_cache=window is not None, max_tree_nodes=None if budget is None else budget + 1)
+    return dict(
+        d,
+        speculative_draft_attention_backend=d.get("speculative_draft_attention_backend")
+        or d.get("attention_backend"),
+        speculative_draft_window_size=window,
+        draft_model=draft_arch,
+        compact_cache=window is not None,
+        max_tree_nodes=None if budget is None else budget + 1,
+    )
 
 
 class Lab:
@@ -848,7 +979,8 @@ class Lab:
         self.spawn_child = env_flag("SGLANG_LAB_SPAWN_CHILD")
         self.replay = replay_recording()
         self.log_format = os.environ.get("SGLANG_LAB_LOG_FORMAT") or (
-            self.replay["server_args_form"] if self.replay else "dict")
+            self.replay["server_args_form"] if self.replay else "dict"
+        )
         if self.log_format not in ("dict", "dataclass"):
             raise LabConfigError(f"SGLANG_LAB_LOG_FORMAT must be dict or dataclass, got {self.log_format!r}")
         self.resolved: dict = {}
@@ -872,8 +1004,9 @@ class Lab:
         else:
             with ResolutionRecorder(enabled=cache is not None) as recorder:
                 d = self.resolve_with_sglang(argv, recorder)
-            entry = cache and recorder.entry(cache.key, d, self.server_args.launch_command, self.version,
-                                             self.kv_events)
+            entry = cache and recorder.entry(
+                cache.key, d, self.server_args.launch_command, self.version, self.kv_events
+            )
             if entry:
                 cache.store(entry)
         self.resolved = d
@@ -930,8 +1063,11 @@ class Lab:
             engine_log.info(f"server_args=ServerArgs({fields})")
             return
         hidden = {"watermark_key", "watermark_key_b", "watermark_config"}  # as ServerArgs.__repr__
-        fields = ", ".join(f"{OLD_WINDOW_KEY if k == NEW_WINDOW_KEY else k}={v!r}"
-                           for k, v in self.resolved.items() if k not in hidden)
+        fields = ", ".join(
+            f"{OLD_WINDOW_KEY if k == NEW_WINDOW_KEY else k}={v!r}"
+            for k, v in self.resolved.items()
+            if k not in hidden
+        )
         engine_log.info(f"server_args=ServerArgs({fields})")
 
     def load(self) -> None:
@@ -949,8 +1085,10 @@ class Lab:
             self.hang_forever()
         time.sleep(5 * share)
         avail -= weight_gb
-        s.info(f"Load weight end. elapsed={5 * share:.2f} s, type={(cfg.get('architectures') or ['?'])[0]}, "
-               f"avail mem={avail:.2f} GB, mem usage={weight_gb:.2f} GB.")
+        s.info(
+            f"Load weight end. elapsed={5 * share:.2f} s, type={(cfg.get('architectures') or ['?'])[0]}, "
+            f"avail mem={avail:.2f} GB, mem usage={weight_gb:.2f} GB."
+        )
         heads = cfg.get("num_attention_heads", 32)
         head_dim = cfg.get("head_dim") or cfg.get("hidden_size", 4096) // heads
         per_layer = cfg.get("num_key_value_heads", heads) * head_dim * 2  # bytes of K (or V) per token, bf16
@@ -959,61 +1097,86 @@ class Lab:
         self.max_total_num_tokens = int(budget * GB / (2 * layers * per_layer)) // page * page
         kv_gb = self.max_total_num_tokens * layers * per_layer / GB
         time.sleep(share)
-        s.info(f"KV Cache is allocated. dtype: {KV_DTYPES.get(d.get('kv_cache_dtype'), 'torch.bfloat16')}, "
-               f"#tokens: {self.max_total_num_tokens}, K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB")
+        s.info(
+            f"KV Cache is allocated. dtype: {KV_DTYPES.get(d.get('kv_cache_dtype'), 'torch.bfloat16')}, "
+            f"#tokens: {self.max_total_num_tokens}, K size: {kv_gb:.2f} GB, V size: {kv_gb:.2f} GB"
+        )
         avail -= 2 * kv_gb
         self.weight_gb, self.kv_gb = weight_gb, 2 * kv_gb
         s.info(f"Memory pool end. avail mem={avail:.2f} GB")
         decode = (d.get("cuda_graph_config") or {}).get("decode") or {}
         name = "target verify" if self.spec["algo"] else "target decode"
-        s.info(f"Capture {name} CUDA graph begin. backend={decode.get('backend')}, "
-               f"num_tokens_per_req={self.spec['D']}, avail mem={avail:.2f} GB")
+        s.info(
+            f"Capture {name} CUDA graph begin. backend={decode.get('backend')}, "
+            f"num_tokens_per_req={self.spec['D']}, avail mem={avail:.2f} GB"
+        )
         time.sleep(3 * share)
-        s.info(f"Capture {name} CUDA graph end. bs={decode.get('bs')}, elapsed={3 * share:.2f} s, "
-               f"mem usage=0.00 GB, avail mem={avail:.2f} GB.")
+        s.info(
+            f"Capture {name} CUDA graph end. bs={decode.get('bs')}, elapsed={3 * share:.2f} s, "
+            f"mem usage=0.00 GB, avail mem={avail:.2f} GB."
+        )
         if self.spec["algo"]:
             s.info(f"Load weight begin. avail mem={avail:.2f} GB")
             time.sleep(share)
             draft_arch = (read_config(d.get("speculative_draft_model_path")).get("architectures") or ["?"])[0]
-            s.info(f"Load weight end. elapsed={share:.2f} s, type={draft_arch}, avail mem={avail:.2f} GB, "
-                   "mem usage=0.00 GB.")
+            s.info(
+                f"Load weight end. elapsed={share:.2f} s, type={draft_arch}, avail mem={avail:.2f} GB, "
+                "mem usage=0.00 GB."
+            )
             fields = runner_fields(d, draft_arch)
             if self.replay is not None:  # the recorded build's worker lines (lab/replay/<build>.json)
                 for line in self.replay["runner_line"].get(str(self.spec["algo"]).upper(), []):
                     s.info(line.format(**fields))
             elif str(self.spec["algo"]).upper() == "DFLASH":  # format string of dflash_worker_v2.py
-                s.info("Initialized DFLASH draft runner. attention_backend=%s, model=%s, block_size=%s, "
-                       "draft_window_size=%s, compact_cache=%s",
-                       fields["speculative_draft_attention_backend"], draft_arch,
-                       d.get("speculative_num_draft_tokens"), fields["speculative_draft_window_size"],
-                       fields["compact_cache"])
+                s.info(
+                    "Initialized DFLASH draft runner. attention_backend=%s, model=%s, block_size=%s, "
+                    "draft_window_size=%s, compact_cache=%s",
+                    fields["speculative_draft_attention_backend"],
+                    draft_arch,
+                    d.get("speculative_num_draft_tokens"),
+                    fields["speculative_draft_window_size"],
+                    fields["compact_cache"],
+                )
         self.max_req_input_len = min(self.context_len - 1, self.max_total_num_tokens - 1)
-        s.info(f"max_total_num_tokens={self.max_total_num_tokens}, chunked_prefill_size="
-               f"{d.get('chunked_prefill_size')}, max_prefill_tokens={d.get('max_prefill_tokens')}, "
-               f"max_running_requests={d.get('max_running_requests')}, context_len={self.context_len}, "
-               f"available_gpu_mem={avail:.2f} GB")
+        s.info(
+            f"max_total_num_tokens={self.max_total_num_tokens}, chunked_prefill_size="
+            f"{d.get('chunked_prefill_size')}, max_prefill_tokens={d.get('max_prefill_tokens')}, "
+            f"max_running_requests={d.get('max_running_requests')}, context_len={self.context_len}, "
+            f"available_gpu_mem={avail:.2f} GB"
+        )
         if self.replay is not None:  # a replay build has no observability module: the phases, plainly
-            self.scheduler_startup = {"target_load_weight": 5 * share, "kv_cache_allocation": share,
-                                      "scheduler_e2e": self.load_seconds}
-            self.startup_time = {"schedulers": [self.scheduler_startup],
-                                 "tokenizer_e2e": time.monotonic() - self.t0}
+            self.scheduler_startup = {
+                "target_load_weight": 5 * share,
+                "kv_cache_allocation": share,
+                "scheduler_e2e": self.load_seconds,
+            }
+            self.startup_time = {
+                "schedulers": [self.scheduler_startup],
+                "tokenizer_e2e": time.monotonic() - self.t0,
+            }
             return
         from sglang.srt.observability import startup_time
 
         self.scheduler_startup = startup_time.build_scheduler_startup_time(
-            target_load_weight=5 * share, draft_load_weight=share if self.spec["algo"] else 0.0,
-            kv_cache_allocation=share, scheduler_e2e=self.load_seconds, draft_cuda_graph=None,
-            target_cuda_graph={"target_verify" if self.spec["algo"] else "decode": 3 * share})
+            target_load_weight=5 * share,
+            draft_load_weight=share if self.spec["algo"] else 0.0,
+            kv_cache_allocation=share,
+            scheduler_e2e=self.load_seconds,
+            draft_cuda_graph=None,
+            target_cuda_graph={"target_verify" if self.spec["algo"] else "decode": 3 * share},
+        )
         self.startup_time = startup_time.build_engine_startup_time(
-            [self.scheduler_startup], tokenizer_e2e=time.monotonic() - self.t0)
+            [self.scheduler_startup], tokenizer_e2e=time.monotonic() - self.t0
+        )
 
     def hang_forever(self) -> None:
         start = time.monotonic()
         while True:  # tqdm's line of a shard load that never finishes (SGLang's BAR_FORMAT)
             time.sleep(3)
             elapsed = time.strftime("%M:%S", time.gmtime(time.monotonic() - start))
-            sys.stderr.write(f"Loading safetensors checkpoint shards:   1% Completed | 1/163 "
-                             f"[{elapsed}<?, ?it/s]\n")
+            sys.stderr.write(
+                f"Loading safetensors checkpoint shards:   1% Completed | 1/163 [{elapsed}<?, ?it/s]\n"
+            )
 
     def open_port(self) -> None:
         host, port = str(self.resolved.get("host") or "127.0.0.1"), int(self.resolved["port"])
@@ -1023,14 +1186,19 @@ class Lab:
         try:
             self.httpd = server_cls((host, port), make_handler(self))
         except OSError as exc:  # as uvicorn reports it, after the whole load (SGLang checks no port first)
-            emit_uvicorn("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address "
-                                  f"{(host, port)}: {(exc.strerror or str(exc)).lower()}")
+            emit_uvicorn(
+                "ERROR",
+                f"[Errno {exc.errno}] error while attempting to bind on address "
+                f"{(host, port)}: {(exc.strerror or str(exc)).lower()}",
+            )
             raise SystemExit(1) from None
         self.httpd.daemon_threads = True
-        for line in (f"Started server process [{os.getpid()}]", "Waiting for application startup.",
-                     "Application startup complete.",
-                     f"Uvicorn running on http://{f'[{host}]' if ':' in host else host}:{port} "
-                     "(Press CTRL+C to quit)"):
+        for line in (
+            f"Started server process [{os.getpid()}]",
+            "Waiting for application startup.",
+            "Application startup complete.",
+            f"Uvicorn running on http://{f'[{host}]' if ':' in host else host}:{port} (Press CTRL+C to quit)",
+        ):
             emit_uvicorn("INFO", line)
         threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True).start()
 
@@ -1043,8 +1211,12 @@ class Lab:
         headers = {"Content-Type": "application/json"}
         if self.resolved.get("api_key"):
             headers["Authorization"] = f"Bearer {self.resolved['api_key']}"
-        body = json.dumps({"text": "The capital city of France is",
-                           "sampling_params": {"temperature": 0, "max_new_tokens": 8}}).encode()
+        body = json.dumps(
+            {
+                "text": "The capital city of France is",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 8},
+            }
+        ).encode()
         for path, data in (("/get_model_info" if self.old_api else "/model_info", None), ("/generate", body)):
             request = urllib.request.Request(base + path, data, headers)
             with urllib.request.urlopen(request, timeout=30) as response:
@@ -1069,8 +1241,10 @@ class Lab:
             if env_flag("SGL_FORCE_SHUTDOWN"):
                 log.error("Signal SIGTERM received while force shutdown flag set. Force exiting.")
                 break
-            log.info(f"Gracefully exiting... Remaining number of requests {len(rids)}. "
-                     f"Remaining requests remaining_rids={rids}.")
+            log.info(
+                f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+                f"Remaining requests remaining_rids={rids}."
+            )
             if not rids:
                 break
             time.sleep(1)
@@ -1083,18 +1257,35 @@ class Lab:
     def server_info(self) -> dict:
         """Composition of http_server.server_info(): resolved args + scheduler info + live state."""
         d = self.resolved
-        state = dict(d, world_size=d.get("tp_size", 1) * d.get("dp_size", 1) * d.get("pp_size", 1),
-                     startup_time=self.scheduler_startup, last_gen_throughput=0.0, lab_server=True,
-                     effective_max_running_requests_per_dp=d.get("max_running_requests"))
+        state = dict(
+            d,
+            world_size=d.get("tp_size", 1) * d.get("dp_size", 1) * d.get("pp_size", 1),
+            startup_time=self.scheduler_startup,
+            last_gen_throughput=0.0,
+            lab_server=True,
+            effective_max_running_requests_per_dp=d.get("max_running_requests"),
+        )
         if self.spec["algo"] and self.stats["forwards"]:
             state["avg_spec_accept_length"] = self.stats["generation"] / self.stats["forwards"]
-        info = dict(d, launch_command=self.server_args.launch_command, status="ready",
-                    max_total_num_tokens=self.max_total_num_tokens, max_req_input_len=self.max_req_input_len,
-                    hicache_object_layout={"enabled": False, "backend": None, "page_size": d.get("page_size"),
-                                           "hicache_object_layout": {"pools": []},
-                                           "reason": "Hierarchical cache is disabled"},
-                    kv_events=self.kv_events, startup_time=self.startup_time,
-                    internal_states=[state], version=self.version, frontend="python")
+        info = dict(
+            d,
+            launch_command=self.server_args.launch_command,
+            status="ready",
+            max_total_num_tokens=self.max_total_num_tokens,
+            max_req_input_len=self.max_req_input_len,
+            hicache_object_layout={
+                "enabled": False,
+                "backend": None,
+                "page_size": d.get("page_size"),
+                "hicache_object_layout": {"pools": []},
+                "reason": "Hierarchical cache is disabled",
+            },
+            kv_events=self.kv_events,
+            startup_time=self.startup_time,
+            internal_states=[state],
+            version=self.version,
+            frontend="python",
+        )
         if self.old_api:  # an older server: the window key's old spelling
             state[OLD_WINDOW_KEY] = state.pop(NEW_WINDOW_KEY, None)
             info = {(OLD_WINDOW_KEY if k == NEW_WINDOW_KEY else k): v for k, v in info.items()}
@@ -1102,13 +1293,25 @@ class Lab:
 
     def model_info(self) -> dict:
         d, cfg = self.resolved, self.model_cfg
-        keys = ("tokenizer_path", "preferred_sampling_params", "load_format", "reasoning_parser",
-                "tool_call_parser", "disaggregation_mode")
-        return {"model_path": d["model_path"], "served_model_name": d.get("served_model_name"),
-                "is_generation": True, "weight_version": d.get("weight_version") or "default",
-                **{k: d.get(k) for k in keys}, "has_image_understanding": False,
-                "has_audio_understanding": False, "model_type": cfg.get("model_type"),
-                "architectures": cfg.get("architectures")}
+        keys = (
+            "tokenizer_path",
+            "preferred_sampling_params",
+            "load_format",
+            "reasoning_parser",
+            "tool_call_parser",
+            "disaggregation_mode",
+        )
+        return {
+            "model_path": d["model_path"],
+            "served_model_name": d.get("served_model_name"),
+            "is_generation": True,
+            "weight_version": d.get("weight_version") or "default",
+            **{k: d.get(k) for k in keys},
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": cfg.get("model_type"),
+            "architectures": cfg.get("architectures"),
+        }
 
     def dp_ranks(self) -> int:
         return max(1, int(self.resolved.get("dp_size") or 1))
@@ -1139,18 +1342,31 @@ class Lab:
             spec = None
             if self.spec["algo"] and stats["forwards"]:
                 accept = stats["generation"] / stats["forwards"]
-                spec = SpeculativeMetrics(accept_length=accept,
-                                          accept_rate=(accept - 1) / max(self.spec["D"] - 1, 1))
-            snapshots.append(LoadSnapshot(
-                timestamp=time.time(), dp_rank=rank, num_running_reqs=running,
-                num_waiting_reqs=count[rank] - running, max_total_num_tokens=self.max_total_num_tokens,
-                max_running_requests=cap, utilization=round(running / cap, 4) if cap else 0.0,
-                memory=MemoryMetrics(weight_gb=round(self.weight_gb, 3), kv_cache_gb=round(self.kv_gb, 3),
-                                     graph_gb=0.0,
-                                     token_capacity=int(self.max_total_num_tokens)),
-                speculative=spec, disaggregation=DisaggregationMetrics(mode="null"),  # set even unused
-                queues=QueueMetrics(waiting=count[rank] - running, grammar=0, paused=0, retracted=0,
-                                    prealloc_ready=0)))
+                spec = SpeculativeMetrics(
+                    accept_length=accept, accept_rate=(accept - 1) / max(self.spec["D"] - 1, 1)
+                )
+            snapshots.append(
+                LoadSnapshot(
+                    timestamp=time.time(),
+                    dp_rank=rank,
+                    num_running_reqs=running,
+                    num_waiting_reqs=count[rank] - running,
+                    max_total_num_tokens=self.max_total_num_tokens,
+                    max_running_requests=cap,
+                    utilization=round(running / cap, 4) if cap else 0.0,
+                    memory=MemoryMetrics(
+                        weight_gb=round(self.weight_gb, 3),
+                        kv_cache_gb=round(self.kv_gb, 3),
+                        graph_gb=0.0,
+                        token_capacity=int(self.max_total_num_tokens),
+                    ),
+                    speculative=spec,
+                    disaggregation=DisaggregationMetrics(mode="null"),  # set even unused
+                    queues=QueueMetrics(
+                        waiting=count[rank] - running, grammar=0, paused=0, retracted=0, prealloc_ready=0
+                    ),
+                )
+            )
         return snapshots
 
     def num_accelerators(self) -> int:
@@ -1161,6 +1377,7 @@ class Lab:
 
     def flush_cache(self, timeout: float) -> tuple[bool, str | None]:
         """SchedulerFlushWrapper.handle/check_pending: (success, message) once idle or at the deadline."""
+
         def idle() -> bool:
             with self.lock:
                 return not self.inflight
@@ -1173,8 +1390,10 @@ class Lab:
                 if success:
                     self.sched.info("Cache flushed successfully!")
                 else:
-                    self.sched.warning("Cache not flushed because there are pending requests. "
-                                       f"#queue-req: 0, #running-req: {len(self.inflight)}")
+                    self.sched.warning(
+                        "Cache not flushed because there are pending requests. "
+                        f"#queue-req: 0, #running-req: {len(self.inflight)}"
+                    )
                 return success, None
             self.flush_pending = True
         deadline = time.monotonic() + timeout
@@ -1214,16 +1433,27 @@ class Lab:
                 self.inflight.pop(rid, None)
 
     def meta(self, rid: str, prompt_tokens: int, done: int, verify_ct: int, final: bool, start: float):
-        meta = {"id": rid, "finish_reason": {"type": "length", "length": done} if final else None,
-                "prompt_tokens": prompt_tokens, "weight_version": "default", "num_retractions": 0,
-                "reasoning_tokens": 0, "completion_tokens": done, "cached_tokens": 0}
+        meta = {
+            "id": rid,
+            "finish_reason": {"type": "length", "length": done} if final else None,
+            "prompt_tokens": prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": done,
+            "cached_tokens": 0,
+        }
         if final:
             meta["e2e_latency"] = time.monotonic() - start
             if self.spec["algo"] and verify_ct:  # as TokenizerManager._calculate_spec_decoding_metrics
                 proposed = verify_ct * (self.spec["D"] - 1)
-                meta.update(spec_accept_rate=(done - verify_ct) / proposed if proposed else 0.0,
-                            spec_accept_length=done / verify_ct, spec_num_correct_drafts=done - verify_ct,
-                            spec_num_proposed_drafts=proposed, spec_verify_ct=verify_ct)
+                meta.update(
+                    spec_accept_rate=(done - verify_ct) / proposed if proposed else 0.0,
+                    spec_accept_length=done / verify_ct,
+                    spec_num_correct_drafts=done - verify_ct,
+                    spec_num_proposed_drafts=proposed,
+                    spec_verify_ct=verify_ct,
+                )
         meta["lab_server"] = True
         return meta
 
@@ -1233,14 +1463,21 @@ class Lab:
         stats, tok_s = self.stats, tok + ',is_streaming="false"'
         lines = ["# sglang-lab-server: synthetic values"]
         for metric, kind, labels, value in (
-                ("sglang:prompt_tokens_total", "counter", tok_s, stats["prompt"]),
-                ("sglang:generation_tokens_total", "counter", tok_s, stats["generation"]),
-                ("sglang:num_running_reqs", "gauge", sched, len(self.inflight)),
-                ("sglang:spec_accept_length", "gauge", sched,
-                 stats["generation"] / stats["forwards"] if stats["forwards"] else 0)):
-            lines += [f"# HELP {metric} lab server synthetic value",
-                      f"# TYPE {metric[:-6] if kind == 'counter' else metric} {kind}",
-                      f"{metric}{{{labels}}} {float(value)}"]
+            ("sglang:prompt_tokens_total", "counter", tok_s, stats["prompt"]),
+            ("sglang:generation_tokens_total", "counter", tok_s, stats["generation"]),
+            ("sglang:num_running_reqs", "gauge", sched, len(self.inflight)),
+            (
+                "sglang:spec_accept_length",
+                "gauge",
+                sched,
+                stats["generation"] / stats["forwards"] if stats["forwards"] else 0,
+            ),
+        ):
+            lines += [
+                f"# HELP {metric} lab server synthetic value",
+                f"# TYPE {metric[:-6] if kind == 'counter' else metric} {kind}",
+                f"{metric}{{{labels}}} {float(value)}",
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -1250,24 +1487,49 @@ def serving_api() -> types.SimpleNamespace:
     from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
     from sglang.srt.utils.auth import AuthLevel, decide_request_auth
 
-    names = ("ChatCompletionResponse", "ChatCompletionResponseChoice", "ChatCompletionStreamResponse",
-             "ChatMessage", "ModelCard", "ModelList", "UsageInfo")
-    return types.SimpleNamespace(**{n: getattr(protocol, n) for n in names}, AuthLevel=AuthLevel,
-                                 build_sse_content=build_sse_content, decide_request_auth=decide_request_auth)
+    names = (
+        "ChatCompletionResponse",
+        "ChatCompletionResponseChoice",
+        "ChatCompletionStreamResponse",
+        "ChatMessage",
+        "ModelCard",
+        "ModelList",
+        "UsageInfo",
+    )
+    return types.SimpleNamespace(
+        **{n: getattr(protocol, n) for n in names},
+        AuthLevel=AuthLevel,
+        build_sse_content=build_sse_content,
+        decide_request_auth=decide_request_auth,
+    )
 
 
-PHRASES = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-           405: "Method Not Allowed", 503: "Service Unavailable"}
+PHRASES = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def route_table(lab: Lab) -> dict[tuple[str, str], str]:
     """(method, path) -> the LabHandler method answering it: the endpoints of this build, era and flags."""
     get, post = ("GET",), ("POST", "PUT")
-    paths = {"/health": (get, "health"), "/health_generate": (get, "health"), "/ready": (get, "ready"),
-             "/get_server_info": (get, "server_info"), "/get_model_info": (get, "model_info"),
-             "/v1/models": (get, "models"), "/generate": (post, "generate"),
-             "/v1/chat/completions": (("POST",), "chat"), "/flush_cache": (("GET", "POST"), "flush_cache")}
+    paths = {
+        "/health": (get, "health"),
+        "/health_generate": (get, "health"),
+        "/ready": (get, "ready"),
+        "/get_server_info": (get, "server_info"),
+        "/get_model_info": (get, "model_info"),
+        "/v1/models": (get, "models"),
+        "/generate": (post, "generate"),
+        "/v1/chat/completions": (("POST",), "chat"),
+        "/flush_cache": (("GET", "POST"), "flush_cache"),
+    }
     if not lab.old_api:
         paths.update({"/server_info": (get, "server_info"), "/model_info": (get, "model_info")})
     if not lab.old_api and lab.replay is None:  # SGLang 0.5.23's load report (entrypoints/v1_loads.py)
@@ -1321,8 +1583,11 @@ class LabHandler(BaseHTTPRequestHandler):
         pass
 
     def access(self, status: int) -> None:
-        emit_uvicorn("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
-                             f'{self.path} HTTP/1.1" {status} {PHRASES.get(status, "")}'.rstrip())
+        emit_uvicorn(
+            "INFO",
+            f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} '
+            f'{self.path} HTTP/1.1" {status} {PHRASES.get(status, "")}'.rstrip(),
+        )
 
     def send(self, status: int, body: object = b"", ctype: str | None = "application/json") -> None:
         if not isinstance(body, bytes):
@@ -1347,8 +1612,10 @@ class LabHandler(BaseHTTPRequestHandler):
         """SGLang's RequestValidationError handler: 400, the legacy ErrorResponse envelope (the message
         names the parameter as pydantic's error list does; its exact wording is FastAPI's)."""
         errors = [{"loc": ("query", name), "msg": msg, "input": raw}]
-        self.send(400, {"object": "error", "message": str(errors), "type": "Bad Request", "param": None,
-                        "code": 400})
+        self.send(
+            400,
+            {"object": "error", "message": str(errors), "type": "Bad Request", "param": None, "code": 400},
+        )
 
     def stream(self, chunks) -> None:
         """text/event-stream with chunked transfer encoding, as uvicorn sends a StreamingResponse."""
@@ -1386,9 +1653,13 @@ class LabHandler(BaseHTTPRequestHandler):
         """SGLang's own decision (False: 401/403 answered); /health*, /ready, /metrics are exempt."""
         api, resolved = self.api, self.lab.resolved
         decision = api.decide_request_auth(
-            method=self.command, path=path, authorization_header=self.headers.get("Authorization"),
-            api_key=resolved.get("api_key"), admin_api_key=resolved.get("admin_api_key"),
-            auth_level=api.AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else api.AuthLevel.NORMAL)
+            method=self.command,
+            path=path,
+            authorization_header=self.headers.get("Authorization"),
+            api_key=resolved.get("api_key"),
+            admin_api_key=resolved.get("admin_api_key"),
+            auth_level=api.AuthLevel.ADMIN_OPTIONAL if path == "/flush_cache" else api.AuthLevel.NORMAL,
+        )
         if not decision.allowed:
             code = decision.error_status_code
             self.send(code, {"error": "Unauthorized" if code == 401 else "Forbidden"})
@@ -1418,8 +1689,10 @@ class LabHandler(BaseHTTPRequestHandler):
 
     def deprecated(self, old: str, new: str) -> None:
         if not self.lab.old_api:  # an older server has only the old name and does not warn
-            log.warning(f"Endpoint '{old}' is deprecated and will be removed in a future version. "
-                        f"Please use '{new}' instead.")
+            log.warning(
+                f"Endpoint '{old}' is deprecated and will be removed in a future version. "
+                f"Please use '{new}' instead."
+            )
 
     def server_info(self) -> None:  # /server_info, /get_server_info
         if self.path.startswith("/get_"):
@@ -1439,12 +1712,21 @@ class LabHandler(BaseHTTPRequestHandler):
         self.send(200, self.api.ModelList(data=cards).model_dump())
 
     def one_model(self) -> None:  # /v1/models/<name>
-        wanted = self.path.split("?", 1)[0][len("/v1/models/"):]
+        wanted = self.path.split("?", 1)[0][len("/v1/models/") :]
         if wanted == self.lab.resolved.get("served_model_name"):
             self.send(200, self.card(wanted).model_dump())
             return
-        self.send(404, {"error": {"message": f"The model '{wanted}' does not exist", "param": "model",
-                                  "type": "invalid_request_error", "code": "model_not_found"}})
+        self.send(
+            404,
+            {
+                "error": {
+                    "message": f"The model '{wanted}' does not exist",
+                    "param": "model",
+                    "type": "invalid_request_error",
+                    "code": "model_not_found",
+                }
+            },
+        )
 
     def flush_cache(self) -> None:  # http_server.flush_cache: timeout = Query(0.0, ge=0.0)
         raw = self.query().get("timeout", "0")
@@ -1460,8 +1742,11 @@ class LabHandler(BaseHTTPRequestHandler):
             return
         success, message = self.lab.flush_cache(timeout)
         # Response(content=str) without a media type: no content-type header
-        self.send(200 if success else 400, FLUSH_OK if success else (message or "Flush cache failed.\n")
-                  .encode(), None)
+        self.send(
+            200 if success else 400,
+            FLUSH_OK if success else (message or "Flush cache failed.\n").encode(),
+            None,
+        )
 
     def loads(self) -> None:  # entrypoints/v1_loads.get_loads
         q = self.query()
@@ -1478,17 +1763,23 @@ class LabHandler(BaseHTTPRequestHandler):
         snapshots = self.lab.load_snapshots(dp_rank)
         try:
             if q.get("format") == "prometheus":
-                self.send(200, loads_prometheus(snapshots, include_set).encode(),
-                          PROMETHEUS_TYPE)
+                self.send(200, loads_prometheus(snapshots, include_set).encode(), PROMETHEUS_TYPE)
                 return
             loads = [snapshot.to_dict(include_set) for snapshot in snapshots]
         except ValueError:  # raised outside get_loads' try in SGLang: Starlette's plain 500
             log.error("Exception in ASGI application\n" + traceback.format_exc().rstrip())
             self.send(500, b"Internal Server Error", "text/plain; charset=utf-8")
             return
-        self.send(200, {"timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                        "version": self.lab.version, "accelerator": LAB_GPU_NAME,
-                        "num_accelerators": self.lab.num_accelerators(), "loads": loads})
+        self.send(
+            200,
+            {
+                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "version": self.lab.version,
+                "accelerator": LAB_GPU_NAME,
+                "num_accelerators": self.lab.num_accelerators(),
+                "loads": loads,
+            },
+        )
 
     def metrics(self) -> None:  # /metrics (--enable-metrics)
         self.send(200, self.lab.metrics().encode(), PROMETHEUS_TYPE)
@@ -1499,18 +1790,25 @@ class LabHandler(BaseHTTPRequestHandler):
         prompts, batch = prompts_of(req)
         if req.get("stream") and len(prompts) == 1:
             outs = self.lab.generate(*prompts[0], max_new, req.get("rid") or uuid.uuid4().hex, True)
-            self.stream("data: " + json.dumps({"text": out, "output_ids": [], "meta_info": meta}) + "\n\n"
-                        for out, meta in outs)
+            self.stream(
+                "data: " + json.dumps({"text": out, "output_ids": [], "meta_info": meta}) + "\n\n"
+                for out, meta in outs
+            )
             return
-        results = [{"text": out, "output_ids": [], "meta_info": meta} for prompt in prompts
-                   for out, meta in self.lab.generate(*prompt, max_new, uuid.uuid4().hex, False)]
+        results = [
+            {"text": out, "output_ids": [], "meta_info": meta}
+            for prompt in prompts
+            for out, meta in self.lab.generate(*prompt, max_new, uuid.uuid4().hex, False)
+        ]
         self.send(200, results if batch else results[0])
 
     def chat(self) -> None:  # /v1/chat/completions
         if (self.headers.get("content-type") or "").split(";")[0].strip().lower() != "application/json":
             message = "Unsupported Media Type: Only 'application/json' is allowed"
-            self.send(400, {"object": "error", "message": message, "type": "Bad Request", "param": None,
-                            "code": 400})
+            self.send(
+                400,
+                {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
+            )
             return
         turn = ChatTurn(self.body())
         if turn.req.get("stream"):
@@ -1525,18 +1823,26 @@ class LabHandler(BaseHTTPRequestHandler):
         done = meta["completion_tokens"]
         message = api.ChatMessage(role="assistant", content=out)
         choice = api.ChatCompletionResponseChoice(index=0, message=message, finish_reason="length")
-        self.send(200, api.ChatCompletionResponse(
-            id=turn.rid, created=turn.created, model=turn.model, choices=[choice],
-            usage=api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
-            metadata={"weight_version": "default", "lab_server": True}).model_dump())
+        self.send(
+            200,
+            api.ChatCompletionResponse(
+                id=turn.rid,
+                created=turn.created,
+                model=turn.model,
+                choices=[choice],
+                usage=api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done),
+                metadata={"weight_version": "default", "lab_server": True},
+            ).model_dump(),
+        )
 
     def chat_chunks(self, turn: ChatTurn):
         """The SSE chunks of a streamed completion: role, one delta per forward, finish, usage if asked."""
         api, ptok = self.api, turn.prompt_tokens
 
         def sse(**kwargs) -> str:
-            return api.build_sse_content(chunk_id=turn.rid, created=turn.created, model=turn.model, index=0,
-                                         **kwargs)
+            return api.build_sse_content(
+                chunk_id=turn.rid, created=turn.created, model=turn.model, index=0, **kwargs
+            )
 
         yield sse(role="assistant", content="")
         sent = done = 0
@@ -1546,8 +1852,9 @@ class LabHandler(BaseHTTPRequestHandler):
         yield sse(finish_reason="length")
         if (turn.req.get("stream_options") or {}).get("include_usage"):
             usage = api.UsageInfo(prompt_tokens=ptok, completion_tokens=done, total_tokens=ptok + done)
-            last = api.ChatCompletionStreamResponse(id=turn.rid, created=turn.created, model=turn.model,
-                                                    choices=[], usage=usage)
+            last = api.ChatCompletionStreamResponse(
+                id=turn.rid, created=turn.created, model=turn.model, choices=[], usage=usage
+            )
             yield f"data: {last.model_dump_json()}\n\n"
 
 
@@ -1580,8 +1887,10 @@ def spawn_scheduler_child() -> None:
         return
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        sys.stderr.write(f"[{time.strftime(DATE_FORMAT)}] Scheduler process started (lab server child "
-                         f"pid={os.getpid()}, parent={os.getppid()}, SGLANG_LAB_SPAWN_CHILD=1)\n")
+        sys.stderr.write(
+            f"[{time.strftime(DATE_FORMAT)}] Scheduler process started (lab server child "
+            f"pid={os.getpid()}, parent={os.getppid()}, SGLANG_LAB_SPAWN_CHILD=1)\n"
+        )
         sys.stderr.flush()
         while True:
             time.sleep(3600)
@@ -1593,8 +1902,10 @@ def crash_later(lab: Lab) -> None:
     """SGLANG_LAB_CRASH_AFTER: a scheduler exception, then the launcher gives up (exit 1)."""
     time.sleep(max(0.0, lab.crash_after - (time.monotonic() - lab.t0)))
     try:
-        raise RuntimeError("CUDA error: an illegal memory access was encountered (injected by the lab "
-                           f"server: SGLANG_LAB_CRASH_AFTER={lab.crash_after:g})")
+        raise RuntimeError(
+            "CUDA error: an illegal memory access was encountered (injected by the lab "
+            f"server: SGLANG_LAB_CRASH_AFTER={lab.crash_after:g})"
+        )
     except RuntimeError:
         lab.sched.error(f"Scheduler hit an exception: {traceback.format_exc()}")
     engine_log.error("Received sigquit from a child process. It usually means the child failed.")

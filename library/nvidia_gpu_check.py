@@ -156,12 +156,12 @@ from ansible.module_utils.sglang_nvidia import (
     parse_version,
 )
 
-RUN_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
+RUN_ENV = {"LANG": "C", "LC_ALL": "C"}
 
 
 def _read(path):
     try:
-        with open(path, encoding='utf-8', errors='replace') as handle:
+        with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
     except OSError:
         return None
@@ -178,48 +178,48 @@ def evaluate(params, gpus, kernel_module):
     """List of failed checks (strings naming the option concerned)."""
     failed = []
     count = len(gpus)
-    if count != params['expected_count']:
-        failed.append(f'expected_count: nvidia-smi lists {count} GPUs, expected {params["expected_count"]}')
-    wrong_model = [g for g in gpus if params['expected_model'] not in (g['name'] or '')]
+    if count != params["expected_count"]:
+        failed.append(f"expected_count: nvidia-smi lists {count} GPUs, expected {params['expected_count']}")
+    wrong_model = [g for g in gpus if params["expected_model"] not in (g["name"] or "")]
     if wrong_model:
-        names = sorted({g['name'] or '?' for g in wrong_model})
-        indexes = ','.join(str(g['index']) for g in wrong_model)
+        names = sorted({g["name"] or "?" for g in wrong_model})
+        indexes = ",".join(str(g["index"]) for g in wrong_model)
         failed.append(
-            f'expected_model: GPU(s) {indexes} are {", ".join(names)}, '
-            f'expected a name containing {params["expected_model"]!r}'
+            f"expected_model: GPU(s) {indexes} are {', '.join(names)}, "
+            f"expected a name containing {params['expected_model']!r}"
         )
-    minimum = parse_version(params['min_driver'])
+    minimum = parse_version(params["min_driver"])
     for gpu in gpus:
         try:
-            found = parse_version(gpu['driver_version'])
+            found = parse_version(gpu["driver_version"])
         except ParseError:
             failed.append(
-                f'min_driver: GPU {gpu["index"]} reports no driver version ({gpu["driver_version"]!r})'
+                f"min_driver: GPU {gpu['index']} reports no driver version ({gpu['driver_version']!r})"
             )
             continue
         if found < minimum:
             failed.append(
-                f'min_driver: driver {gpu["driver_version"]} on GPU {gpu["index"]} '
-                f'is older than {params["min_driver"]}'
+                f"min_driver: driver {gpu['driver_version']} on GPU {gpu['index']} "
+                f"is older than {params['min_driver']}"
             )
             break
-    wrong_cap = [g for g in gpus if g['compute_cap'] != params['expected_compute_cap']]
+    wrong_cap = [g for g in gpus if g["compute_cap"] != params["expected_compute_cap"]]
     if wrong_cap:
         failed.append(
-            'expected_compute_cap: '
-            + ', '.join(f'GPU {g["index"]} has {g["compute_cap"]}' for g in wrong_cap)
-            + f', expected {params["expected_compute_cap"]}'
+            "expected_compute_cap: "
+            + ", ".join(f"GPU {g['index']} has {g['compute_cap']}" for g in wrong_cap)
+            + f", expected {params['expected_compute_cap']}"
         )
-    if params['require_persistence']:
-        off = [g for g in gpus if g['persistence_mode'] != 'Enabled']
+    if params["require_persistence"]:
+        off = [g for g in gpus if g["persistence_mode"] != "Enabled"]
         if off:
             failed.append(
-                f'require_persistence: persistence mode is not Enabled on GPU(s) '
-                f'{",".join(str(g["index"]) for g in off)} (is nvidia-persistenced running?)'
+                f"require_persistence: persistence mode is not Enabled on GPU(s) "
+                f"{','.join(str(g['index']) for g in off)} (is nvidia-persistenced running?)"
             )
-    if params['require_open_module'] and kernel_module['flavour'] != 'open':
+    if params["require_open_module"] and kernel_module["flavour"] != "open":
         failed.append(
-            f'require_open_module: {params["driver_version_file"]} reports '
+            f"require_open_module: {params['driver_version_file']} reports "
             f'{kernel_module["nvrm"] or "no NVRM version line"!r}, not the "Open Kernel Module"'
         )
     return failed
@@ -227,82 +227,82 @@ def evaluate(params, gpus, kernel_module):
 
 def run_check(module):
     params = module.params
-    result = {'changed': False, 'failed_checks': []}
+    result = {"changed": False, "failed_checks": []}
 
-    kernel_text = _read(params['driver_version_file'])
-    kernel_module = parse_driver_version_file(kernel_text or '')
+    kernel_text = _read(params["driver_version_file"])
+    kernel_module = parse_driver_version_file(kernel_text or "")
     if kernel_text is None:
-        kernel_module['nvrm'] = None
-    result['kernel_module'] = kernel_module
-    result['iommu'] = iommu_state(
-        _read(params['cmdline_file']) or '', _count_entries(params['iommu_groups_dir'])
+        kernel_module["nvrm"] = None
+    result["kernel_module"] = kernel_module
+    result["iommu"] = iommu_state(
+        _read(params["cmdline_file"]) or "", _count_entries(params["iommu_groups_dir"])
     )
 
-    smi = module.get_bin_path(params['nvidia_smi'], required=False)
+    smi = module.get_bin_path(params["nvidia_smi"], required=False)
     if smi is None:
         module.fail_json(
-            msg=f'nvidia_smi: {params["nvidia_smi"]!r} not found (is the driver installed?)', **result
+            msg=f"nvidia_smi: {params['nvidia_smi']!r} not found (is the driver installed?)", **result
         )
 
-    query = [smi, '--query-gpu=' + ','.join(QUERY_FIELDS), '--format=csv,noheader,nounits']
+    query = [smi, "--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv,noheader,nounits"]
     rc, out, err = module.run_command(query, environ_update=RUN_ENV)
     if rc != 0:
         module.fail_json(
-            msg=f'nvidia_smi: {" ".join(query)} exited {rc}: {(err or out).strip()}', rc=rc, **result
+            msg=f"nvidia_smi: {' '.join(query)} exited {rc}: {(err or out).strip()}", rc=rc, **result
         )
     try:
         gpus = parse_query_csv(out)
     except ParseError as exc:
-        module.fail_json(msg=f'nvidia_smi: cannot parse --query-gpu output: {exc}', stdout=out, **result)
-    result['gpus'] = gpus
-    result['gpu_count'] = len(gpus)
+        module.fail_json(msg=f"nvidia_smi: cannot parse --query-gpu output: {exc}", stdout=out, **result)
+    result["gpus"] = gpus
+    result["gpu_count"] = len(gpus)
 
-    topo_cmd = [smi, 'topo', '-m']
+    topo_cmd = [smi, "topo", "-m"]
     rc, topo_out, err = module.run_command(topo_cmd, environ_update=RUN_ENV)
     if rc != 0:
         module.fail_json(
-            msg=f'nvidia_smi: {" ".join(topo_cmd)} exited {rc}: {(err or topo_out).strip()}', **result
+            msg=f"nvidia_smi: {' '.join(topo_cmd)} exited {rc}: {(err or topo_out).strip()}", **result
         )
     try:
         topology = parse_topology(topo_out)
     except ParseError as exc:
-        module.fail_json(msg=f'nvidia_smi: cannot parse topo -m output: {exc}', stdout=topo_out, **result)
-    result['topology'] = {'gpus': topology['gpus'], 'matrix': topology['matrix']}
+        module.fail_json(msg=f"nvidia_smi: cannot parse topo -m output: {exc}", stdout=topo_out, **result)
+    result["topology"] = {"gpus": topology["gpus"], "matrix": topology["matrix"]}
 
-    risk = assess_nccl_p2p_risk(topology, result['iommu'])
-    result['nccl_p2p_risk'] = risk['risk']
-    result['nccl_p2p_risk_reasons'] = risk['reasons']
-    for reason in risk['reasons']:
-        module.warn(f'NCCL P2P risk: {reason}')
+    risk = assess_nccl_p2p_risk(topology, result["iommu"])
+    result["nccl_p2p_risk"] = risk["risk"]
+    result["nccl_p2p_risk_reasons"] = risk["reasons"]
+    for reason in risk["reasons"]:
+        module.warn(f"NCCL P2P risk: {reason}")
 
-    result['failed_checks'] = evaluate(params, gpus, kernel_module)
-    if result['failed_checks']:
-        module.fail_json(msg='GPU check failed: ' + '; '.join(result['failed_checks']), **result)
+    result["failed_checks"] = evaluate(params, gpus, kernel_module)
+    if result["failed_checks"]:
+        module.fail_json(msg="GPU check failed: " + "; ".join(result["failed_checks"]), **result)
     module.exit_json(**result)
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
-            'nvidia_smi': {'type': 'str', 'default': 'nvidia-smi'},
-            'expected_count': {'type': 'int', 'default': 8},
-            'expected_model': {'type': 'str', 'default': 'RTX PRO 6000 Blackwell'},
-            'min_driver': {'type': 'str', 'default': '580'},
-            'expected_compute_cap': {'type': 'str', 'default': '12.0'},
-            'require_persistence': {'type': 'bool', 'default': True},
-            'require_open_module': {'type': 'bool', 'default': True},
-            'driver_version_file': {'type': 'path', 'default': '/proc/driver/nvidia/version'},
-            'cmdline_file': {'type': 'path', 'default': '/proc/cmdline'},
-            'iommu_groups_dir': {'type': 'path', 'default': '/sys/kernel/iommu_groups'},
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "expected_count": {"type": "int", "default": 8},
+            "expected_model": {"type": "str", "default": "RTX PRO 6000 Blackwell"},
+            "min_driver": {"type": "str", "default": "580"},
+            "expected_compute_cap": {"type": "str", "default": "12.0"},
+            "require_persistence": {"type": "bool", "default": True},
+            "require_open_module": {"type": "bool", "default": True},
+            "driver_version_file": {"type": "path", "default": "/proc/driver/nvidia/version"},
+            "cmdline_file": {"type": "path", "default": "/proc/cmdline"},
+            "iommu_groups_dir": {"type": "path", "default": "/sys/kernel/iommu_groups"},
         },
         supports_check_mode=True,
     )
     try:
-        parse_version(module.params['min_driver'])
+        parse_version(module.params["min_driver"])
     except ParseError:
-        module.fail_json(msg=f'min_driver: {module.params["min_driver"]!r} is not a version number')
+        module.fail_json(msg=f"min_driver: {module.params['min_driver']!r} is not a version number")
     run_check(module)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@
 # code is 330 lines.
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_bench
 short_description: Benchmark the running SGLang server with SGLang's own client (bench_serving)
@@ -132,9 +132,9 @@ attributes:
     details: Runs nothing; returns the command that would run.
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Benchmark the verified invocation
   sglang_bench:
     python: /opt/sglang/venv/bin/python
@@ -151,9 +151,9 @@ EXAMPLES = r'''
     max_concurrency: 16
     seed: 1
   register: bench
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 metrics:
   description: Numeric results of bench_serving (its result without C(server_info)); inf/nan as strings.
   returned: success
@@ -193,7 +193,7 @@ stdout_tail:
   description: Last lines of the client's output (redacted).
   returned: always
   type: str
-'''
+"""
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -209,8 +209,8 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_redact import redact, redact_text  # noqa: E402
 from ansible.module_utils.sglang_systemd import SystemctlError, show  # noqa: E402
 
-INVOCATION_PROPS = ('InvocationID', 'MainPID', 'NRestarts', 'ActiveState')
-NEEDS_FILE = ('random', 'sharegpt', 'custom')
+INVOCATION_PROPS = ("InvocationID", "MainPID", "NRestarts", "ActiveState")
+NEEDS_FILE = ("random", "sharegpt", "custom")
 TAIL_LINES = 40
 
 
@@ -227,8 +227,8 @@ def finite(obj):
 
 def parse_rate(raw):
     text = str(raw).strip().lower()
-    if text in ('inf', 'infinity'):
-        return 'inf'
+    if text in ("inf", "infinity"):
+        return "inf"
     try:
         value = float(text)
     except ValueError:
@@ -237,60 +237,60 @@ def parse_rate(raw):
 
 
 def client_host(host):
-    return {'0.0.0.0': '127.0.0.1', '::': '::1', '': '127.0.0.1'}.get(host, host)
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
 def build_argv(p, output_file):
     argv = [
-        p['python'],
-        '-m',
-        p['client_module'],
-        '--backend',
-        p['backend'],
-        '--host',
-        client_host(p['host']),
-        '--port',
-        str(p['port']),
-        '--tokenizer',
-        p['tokenizer'],
-        '--dataset-name',
-        p['dataset_name'],
-        '--num-prompts',
-        str(p['num_prompts']),
-        '--seed',
-        str(p['seed']),
-        '--request-rate',
-        p['request_rate'],
-        '--warmup-requests',
-        str(p['warmup_requests']),
-        '--output-file',
+        p["python"],
+        "-m",
+        p["client_module"],
+        "--backend",
+        p["backend"],
+        "--host",
+        client_host(p["host"]),
+        "--port",
+        str(p["port"]),
+        "--tokenizer",
+        p["tokenizer"],
+        "--dataset-name",
+        p["dataset_name"],
+        "--num-prompts",
+        str(p["num_prompts"]),
+        "--seed",
+        str(p["seed"]),
+        "--request-rate",
+        p["request_rate"],
+        "--warmup-requests",
+        str(p["warmup_requests"]),
+        "--output-file",
         output_file,
-        '--disable-tqdm',
-        '--ready-check-timeout-sec',
-        '30',
+        "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "30",
     ]
-    if p['dataset_path']:
-        argv += ['--dataset-path', p['dataset_path']]
-    if p['dataset_name'] in ('random', 'random-ids'):
+    if p["dataset_path"]:
+        argv += ["--dataset-path", p["dataset_path"]]
+    if p["dataset_name"] in ("random", "random-ids"):
         argv += [
-            '--random-input-len',
-            str(p['input_len']),
-            '--random-output-len',
-            str(p['output_len']),
-            '--random-range-ratio',
-            repr(float(p['range_ratio'])),
+            "--random-input-len",
+            str(p["input_len"]),
+            "--random-output-len",
+            str(p["output_len"]),
+            "--random-range-ratio",
+            repr(float(p["range_ratio"])),
         ]
     else:
-        argv += ['--sharegpt-output-len', str(p['output_len'])]
-    if p['max_concurrency'] > 0:
-        argv += ['--max-concurrency', str(p['max_concurrency'])]
-    return argv + list(p['extra_args'])
+        argv += ["--sharegpt-output-len", str(p["output_len"])]
+    if p["max_concurrency"] > 0:
+        argv += ["--max-concurrency", str(p["max_concurrency"])]
+    return argv + list(p["extra_args"])
 
 
 def sha256_file(path):
     digest = hashlib.sha256()
-    with open(path, 'rb') as handle:
-        for block in iter(lambda: handle.read(1 << 20), b''):
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
@@ -307,39 +307,39 @@ def run_client(argv, env, timeout):
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out.decode('utf-8', errors='replace'), False
+        return proc.returncode, out.decode("utf-8", errors="replace"), False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        return proc.returncode, out.decode('utf-8', errors='replace'), True
+        return proc.returncode, out.decode("utf-8", errors="replace"), True
 
 
 def read_result(path):
     """The last JSON line bench_serving appended (the file is new, so it is the only one)."""
-    with open(path, encoding='utf-8') as handle:
+    with open(path, encoding="utf-8") as handle:
         lines = [line for line in handle.read().splitlines() if line.strip()]
     if not lines:
-        raise ValueError('empty result file')
+        raise ValueError("empty result file")
     return json.loads(lines[-1])
 
 
 def split_result(result, report_args=()):
     """bench_serving's result -> (numeric metrics, server summary). server_info is dropped."""
-    info = result.get('server_info') or {}
-    if isinstance(info.get('decode'), list) and info['decode']:  # PD disaggregation: the decode server
-        info = info['decode'][0]
-    states = info.get('internal_states') or [{}]
+    info = result.get("server_info") or {}
+    if isinstance(info.get("decode"), list) and info["decode"]:  # PD disaggregation: the decode server
+        info = info["decode"][0]
+    states = info.get("internal_states") or [{}]
     state = states[0] if isinstance(states[0], dict) else {}
     server = {
-        'version': info.get('version'),
-        'avg_spec_accept_length': state.get('avg_spec_accept_length'),
-        'lab_server': bool(info.get('lab_server') or state.get('lab_server')),
-        'args': {key: info.get(key) for key in report_args},
+        "version": info.get("version"),
+        "avg_spec_accept_length": state.get("avg_spec_accept_length"),
+        "lab_server": bool(info.get("lab_server") or state.get("lab_server")),
+        "args": {key: info.get(key) for key in report_args},
     }
     metrics = {
         k: v
         for k, v in result.items()
-        if k != 'server_info' and (isinstance(v, (int, float)) and not isinstance(v, bool) or v is None)
+        if k != "server_info" and (isinstance(v, (int, float)) and not isinstance(v, bool) or v is None)
     }
     return finite(metrics), finite(server)
 
@@ -350,108 +350,108 @@ def unit_state(module, unit):
 
 def run_module(module):
     p = dict(module.params)
-    secrets = [p['api_key']] if p['api_key'] else []
-    rate = parse_rate(p['request_rate'])
+    secrets = [p["api_key"]] if p["api_key"] else []
+    rate = parse_rate(p["request_rate"])
     if rate is None:
         module.fail_json(msg=f"request_rate={p['request_rate']!r}: must be a number > 0 or inf")
-    p['request_rate'] = rate
-    for name in ('num_prompts', 'input_len', 'output_len'):
+    p["request_rate"] = rate
+    for name in ("num_prompts", "input_len", "output_len"):
         if p[name] < 1:
-            module.fail_json(msg=f'{name}={p[name]}: must be >= 1')
-    for name in ('max_concurrency', 'warmup_requests'):
+            module.fail_json(msg=f"{name}={p[name]}: must be >= 1")
+    for name in ("max_concurrency", "warmup_requests"):
         if p[name] < 0:
-            module.fail_json(msg=f'{name}={p[name]}: must be >= 0')
-    if not 0.0 <= p['range_ratio'] <= 1.0:
+            module.fail_json(msg=f"{name}={p[name]}: must be >= 0")
+    if not 0.0 <= p["range_ratio"] <= 1.0:
         module.fail_json(msg=f"range_ratio={p['range_ratio']}: must be from 0.0 to 1.0")
-    if not os.access(p['python'], os.X_OK):
+    if not os.access(p["python"], os.X_OK):
         module.fail_json(
             msg=f"python={p['python']}: not an executable interpreter (is SGLang installed there?)"
         )
-    if not os.path.exists(p['tokenizer']):
+    if not os.path.exists(p["tokenizer"]):
         module.fail_json(
             msg=f"tokenizer={p['tokenizer']}: no such file or directory on the host "
-            '(bench_serving would try to download it; lab and GPU hosts have no route out)'
+            "(bench_serving would try to download it; lab and GPU hosts have no route out)"
         )
     workload = {
         k: p[k]
         for k in (
-            'backend',
-            'dataset_name',
-            'dataset_path',
-            'num_prompts',
-            'input_len',
-            'output_len',
-            'range_ratio',
-            'request_rate',
-            'max_concurrency',
-            'seed',
-            'warmup_requests',
-            'tokenizer',
-            'client_module',
-            'extra_args',
+            "backend",
+            "dataset_name",
+            "dataset_path",
+            "num_prompts",
+            "input_len",
+            "output_len",
+            "range_ratio",
+            "request_rate",
+            "max_concurrency",
+            "seed",
+            "warmup_requests",
+            "tokenizer",
+            "client_module",
+            "extra_args",
         )
     }
-    if p['dataset_name'] in NEEDS_FILE:
-        if not p['dataset_path'] or not os.path.isfile(p['dataset_path']):
+    if p["dataset_name"] in NEEDS_FILE:
+        if not p["dataset_path"] or not os.path.isfile(p["dataset_path"]):
             module.fail_json(
                 msg=f"dataset_path={p['dataset_path']!r}: dataset_name={p['dataset_name']} needs a dataset "
-                'file on the host (without one bench_serving downloads ShareGPT)',
+                "file on the host (without one bench_serving downloads ShareGPT)",
                 workload=workload,
             )
-        workload['dataset_sha256'] = sha256_file(p['dataset_path'])
-    elif p['dataset_path']:
+        workload["dataset_sha256"] = sha256_file(p["dataset_path"])
+    elif p["dataset_path"]:
         module.fail_json(msg=f"dataset_path: not used by dataset_name={p['dataset_name']}; leave it out")
 
-    tmp = tempfile.mkdtemp(prefix='sglang-bench.')
+    tmp = tempfile.mkdtemp(prefix="sglang-bench.")
     try:
-        argv = build_argv(p, os.path.join(tmp, 'result.jsonl'))
+        argv = build_argv(p, os.path.join(tmp, "result.jsonl"))
         shown = [redact_text(a, secrets) for a in argv]
         if module.check_mode:
             module.exit_json(
                 changed=False,
                 argv=shown,
                 workload=workload,
-                stdout_tail='',
-                msg='check mode: the benchmark was not run',
+                stdout_tail="",
+                msg="check mode: the benchmark was not run",
             )
         before = after = None
-        if p['invocation_id']:
+        if p["invocation_id"]:
             try:
-                before = unit_state(module, p['unit'])
+                before = unit_state(module, p["unit"])
             except SystemctlError as exc:
                 module.fail_json(msg=f"unit={p['unit']}: {exc}", argv=shown, workload=workload)
-            if before.get('InvocationID') != p['invocation_id']:
+            if before.get("InvocationID") != p["invocation_id"]:
                 module.fail_json(
                     msg=f"unit={p['unit']}: the running invocation is {before.get('InvocationID')!r}, not "
                     f"the verified {p['invocation_id']!r}: refusing to benchmark another process",
                     argv=shown,
                     workload=workload,
-                    invocation={'before': before},
+                    invocation={"before": before},
                 )
         env = dict(
             os.environ,
-            LANG='C',
-            PYTHONUNBUFFERED='1',
-            HF_HUB_OFFLINE='1',
-            TRANSFORMERS_OFFLINE='1',
-            HF_DATASETS_OFFLINE='1',
+            LANG="C",
+            PYTHONUNBUFFERED="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
         )
-        env.pop('OPENAI_API_KEY', None)
-        env.pop('API_KEY', None)
-        if p['api_key']:
-            env['OPENAI_API_KEY'] = p['api_key']
+        env.pop("OPENAI_API_KEY", None)
+        env.pop("API_KEY", None)
+        if p["api_key"]:
+            env["OPENAI_API_KEY"] = p["api_key"]
         start = time.monotonic()
-        rc, out, timed_out = run_client(argv, env, p['timeout'])
+        rc, out, timed_out = run_client(argv, env, p["timeout"])
         elapsed = round(time.monotonic() - start, 3)
-        tail = redact_text('\n'.join(out.splitlines()[-TAIL_LINES:]), secrets)
+        tail = redact_text("\n".join(out.splitlines()[-TAIL_LINES:]), secrets)
         common = dict(argv=shown, workload=workload, stdout_tail=tail, elapsed=elapsed)
-        if p['invocation_id']:
+        if p["invocation_id"]:
             try:
-                after = unit_state(module, p['unit'])
+                after = unit_state(module, p["unit"])
             except SystemctlError as exc:
                 module.fail_json(msg=f"unit={p['unit']}: {exc}", **common)
-            common['invocation'] = {'before': before, 'after': after}
-            moved = [k for k in ('InvocationID', 'NRestarts') if before.get(k) != after.get(k)]
+            common["invocation"] = {"before": before, "after": after}
+            moved = [k for k in ("InvocationID", "NRestarts") if before.get(k) != after.get(k)]
             if moved:
                 module.fail_json(
                     msg=f"unit={p['unit']}: {' and '.join(moved)} changed during the benchmark "
@@ -466,14 +466,14 @@ def run_module(module):
         if rc != 0:
             module.fail_json(msg=f"{p['client_module']} failed (rc={rc}); see stdout_tail", rc=rc, **common)
         try:
-            result = read_result(argv[argv.index('--output-file') + 1])
+            result = read_result(argv[argv.index("--output-file") + 1])
         except (OSError, ValueError) as exc:
             module.fail_json(msg=f"{p['client_module']} wrote no result ({exc}); see stdout_tail", **common)
-        metrics, server = split_result(result, p['report_args'])
-        if metrics.get('completed') != p['num_prompts']:
+        metrics, server = split_result(result, p["report_args"])
+        if metrics.get("completed") != p["num_prompts"]:
             module.fail_json(
                 msg=f"{p['client_module']}: {metrics.get('completed')} of num_prompts={p['num_prompts']} "
-                'requests completed; see stdout_tail',
+                "requests completed; see stdout_tail",
                 metrics=redact(metrics, secrets),
                 **common,
             )
@@ -485,35 +485,35 @@ def run_module(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            python=dict(type='path', required=True),
-            client_module=dict(type='str', default='sglang.bench_serving'),
-            host=dict(type='str', default='127.0.0.1'),
-            port=dict(type='int', default=30000),
-            api_key=dict(type='str', default='', no_log=True),
-            unit=dict(type='str', default='sglang.service'),
-            invocation_id=dict(type='str', default=''),
-            backend=dict(type='str', default='sglang', choices=['sglang', 'sglang-oai', 'sglang-oai-chat']),
-            tokenizer=dict(type='path', required=True),
+            python=dict(type="path", required=True),
+            client_module=dict(type="str", default="sglang.bench_serving"),
+            host=dict(type="str", default="127.0.0.1"),
+            port=dict(type="int", default=30000),
+            api_key=dict(type="str", default="", no_log=True),
+            unit=dict(type="str", default="sglang.service"),
+            invocation_id=dict(type="str", default=""),
+            backend=dict(type="str", default="sglang", choices=["sglang", "sglang-oai", "sglang-oai-chat"]),
+            tokenizer=dict(type="path", required=True),
             dataset_name=dict(
-                type='str', default='random', choices=['random', 'random-ids', 'sharegpt', 'custom']
+                type="str", default="random", choices=["random", "random-ids", "sharegpt", "custom"]
             ),
-            dataset_path=dict(type='path'),
-            num_prompts=dict(type='int', default=64),
-            input_len=dict(type='int', default=512),
-            output_len=dict(type='int', default=256),
-            range_ratio=dict(type='float', default=1.0),
-            request_rate=dict(type='str', default='inf'),
-            max_concurrency=dict(type='int', default=8),
-            seed=dict(type='int', default=1),
-            warmup_requests=dict(type='int', default=2),
-            report_args=dict(type='list', elements='str', default=[]),
-            extra_args=dict(type='list', elements='str', default=[]),
-            timeout=dict(type='int', default=3600),
+            dataset_path=dict(type="path"),
+            num_prompts=dict(type="int", default=64),
+            input_len=dict(type="int", default=512),
+            output_len=dict(type="int", default=256),
+            range_ratio=dict(type="float", default=1.0),
+            request_rate=dict(type="str", default="inf"),
+            max_concurrency=dict(type="int", default=8),
+            seed=dict(type="int", default=1),
+            warmup_requests=dict(type="int", default=2),
+            report_args=dict(type="list", elements="str", default=[]),
+            extra_args=dict(type="list", elements="str", default=[]),
+            timeout=dict(type="int", default=3600),
         ),
         supports_check_mode=True,
     )
     run_module(module)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -133,26 +133,27 @@ from ansible.module_utils.sglang_capabilities import discover
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            python=dict(type='path', required=True),
-            cache_dir=dict(type='path', default='/var/lib/sglang-deploy/capabilities'),
-            timeout=dict(type='int', default=300),
+            python=dict(type="path", required=True),
+            cache_dir=dict(type="path", default="/var/lib/sglang-deploy/capabilities"),
+            timeout=dict(type="int", default=300),
         ),
         supports_check_mode=True,
     )
-    data, cached, path, meta = discover(module, module.params['python'], module.params['cache_dir'],
-                                        module.params['timeout'])
+    data, cached, path, meta = discover(
+        module, module.params["python"], module.params["cache_dir"], module.params["timeout"]
+    )
     module.exit_json(
         changed=False,
-        version=data['version'],
-        options=data['options'],
-        algorithms=data.get('algorithms', []),
-        algorithm_source=data.get('algorithm_source', ''),
+        version=data["version"],
+        options=data["options"],
+        algorithms=data.get("algorithms", []),
+        algorithm_source=data.get("algorithm_source", ""),
         cached=cached,
         cache_file=path,
-        record_sha256=meta['record_sha256'],
-        warnings_during_dump=data.get('warnings', []),
+        record_sha256=meta["record_sha256"],
+        warnings_during_dump=data.get("warnings", []),
     )
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_history
 short_description: Append to or read the SGLang deploy history (JSON lines)
@@ -68,9 +68,9 @@ attributes:
     details: With O(record), reports changed and writes nothing.
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Record the verified deploy
   sglang_history:
     record:
@@ -83,9 +83,9 @@ EXAMPLES = r'''
   sglang_history:
     limit: 5
   register: __sglang_history
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 records:
   description: Last O(limit) records, oldest first (only without O(record)).
   returned: when record is not given
@@ -101,7 +101,7 @@ skipped_lines:
   description: Lines of the file that were not valid JSON objects (reported, not fatal).
   returned: when record is not given
   type: int
-'''
+"""
 
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
@@ -118,25 +118,25 @@ DIR_MODE = 0o750
 
 
 def now_utc():
-    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%fZ')
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def append_line(path, line):
     """One write(2) of the whole line on an O_APPEND descriptor, then fsync (file and, when the
     file was just created, its directory)."""
-    directory = os.path.dirname(path) or '.'
+    directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
     created = not os.path.exists(path)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), FILE_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
     try:
         if created:
             os.fchmod(fd, FILE_MODE)
             if os.geteuid() == 0:
                 os.fchown(fd, 0, 0)
-        data = line.encode('utf-8')
+        data = line.encode("utf-8")
         written = os.write(fd, data)
         if written != len(data):
-            raise OSError(f'short write to {path}: {written} of {len(data)} bytes')
+            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -151,24 +151,24 @@ def append_line(path, line):
 def keep_known_good(spec, write):
     """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}."""
     contents, hashes = {}, {}
-    for name, path in sorted(spec['files'].items()):
-        with open(path, 'rb') as handle:
+    for name, path in sorted(spec["files"].items()):
+        with open(path, "rb") as handle:
             contents[path] = handle.read()
-        hashes[f'{name}_sha256'] = hashlib.sha256(contents[path]).hexdigest()
+        hashes[f"{name}_sha256"] = hashlib.sha256(contents[path]).hexdigest()
     if write:
-        directory = spec['dir']
+        directory = spec["dir"]
         os.makedirs(directory, mode=0o700, exist_ok=True)
         for path, data in contents.items():
             replace_file(os.path.join(directory, os.path.basename(path)), data, 0o600)
-        meta = dict(spec['meta'], api_key=spec['api_key'], **hashes)
-        text = json.dumps(meta, indent=4, sort_keys=True) + '\n'
-        replace_file(os.path.join(directory, spec['meta_name']), text.encode(), 0o600)
+        meta = dict(spec["meta"], api_key=spec["api_key"], **hashes)
+        text = json.dumps(meta, indent=4, sort_keys=True) + "\n"
+        replace_file(os.path.join(directory, spec["meta_name"]), text.encode(), 0o600)
     return hashes
 
 
 def read_records(path, limit):
     try:
-        with open(path, encoding='utf-8', errors='replace') as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             records, skipped = parse_json_lines(fh.read())
     except FileNotFoundError:
         return [], 0
@@ -180,56 +180,56 @@ def read_records(path, limit):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type='path', default='/var/lib/sglang-deploy/history.jsonl'),
-            record=dict(type='dict'),
-            limit=dict(type='int', default=20),
-            secret_values=dict(type='list', elements='str', default=[], no_log=True),
+            path=dict(type="path", default="/var/lib/sglang-deploy/history.jsonl"),
+            record=dict(type="dict"),
+            limit=dict(type="int", default=20),
+            secret_values=dict(type="list", elements="str", default=[], no_log=True),
             known_good=dict(
-                type='dict',
+                type="dict",
                 options=dict(
-                    dir=dict(type='path', required=True),
-                    files=dict(type='dict', required=True),
-                    meta_name=dict(type='str', required=True),
-                    meta=dict(type='dict', default={}),
-                    api_key=dict(type='str', default='', no_log=True),
+                    dir=dict(type="path", required=True),
+                    files=dict(type="dict", required=True),
+                    meta_name=dict(type="str", required=True),
+                    meta=dict(type="dict", default={}),
+                    api_key=dict(type="str", default="", no_log=True),
                 ),
             ),
         ),
         supports_check_mode=True,
     )
-    path, record = module.params['path'], module.params['record']
-    secrets = module.params['secret_values']
+    path, record = module.params["path"], module.params["record"]
+    secrets = module.params["secret_values"]
     if record is None:
-        if module.params['limit'] < 0:
+        if module.params["limit"] < 0:
             module.fail_json(msg=f"limit must be >= 0, got {module.params['limit']}")
         try:
-            records, skipped = read_records(path, module.params['limit'])
+            records, skipped = read_records(path, module.params["limit"])
         except OSError as exc:
-            module.fail_json(msg=f'cannot read history file {path}: {exc.strerror}')
+            module.fail_json(msg=f"cannot read history file {path}: {exc.strerror}")
         module.exit_json(changed=False, records=redact(records, secrets), skipped_lines=skipped, path=path)
 
-    entry = {'time': now_utc()}
-    entry.update({k: v for k, v in record.items() if k != 'time'})
-    known_good = module.params['known_good']
+    entry = {"time": now_utc()}
+    entry.update({k: v for k, v in record.items() if k != "time"})
+    known_good = module.params["known_good"]
     if known_good is not None:
         try:
             entry.update(keep_known_good(known_good, write=not module.check_mode))
         except OSError as exc:
             module.fail_json(
-                msg=f'cannot keep the known-good files in {known_good["dir"]}: '
-                f'{exc.strerror or exc} ({exc.filename})'
+                msg=f"cannot keep the known-good files in {known_good['dir']}: "
+                f"{exc.strerror or exc} ({exc.filename})"
             )
     entry = redact(entry, secrets)
-    line = json.dumps(entry, sort_keys=True, default=str, separators=(',', ':')) + '\n'
-    if '\n' in line[:-1]:
-        module.fail_json(msg='history record serialises to more than one line')
+    line = json.dumps(entry, sort_keys=True, default=str, separators=(",", ":")) + "\n"
+    if "\n" in line[:-1]:
+        module.fail_json(msg="history record serialises to more than one line")
     if not module.check_mode:
         try:
             append_line(path, line)
         except OSError as exc:
-            module.fail_json(msg=f'cannot append to history file {path}: {exc.strerror or exc}')
+            module.fail_json(msg=f"cannot append to history file {path}: {exc.strerror or exc}")
     module.exit_json(changed=True, record=entry, path=path)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_host_probe
 short_description: Read in one round trip what the sglang role would have to change on a host
@@ -139,9 +139,9 @@ attributes:
     details: The module never changes anything; it runs the same in check mode.
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Probe the packages, account, directories, virtualenv, SGLang version and unit state
   sglang_host_probe:
     venv: /opt/sglang/venv
@@ -162,9 +162,9 @@ EXAMPLES = r'''
       unit: {path: /etc/systemd/system/sglang.service, mode: "0644"}
       config: {path: /etc/sglang/sglang.yaml, mode: "0640", group: sglang}
   register: __sglang_probe_result
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 venv:
   description: O(venv)/bin/python exists and is executable.
   returned: always
@@ -227,7 +227,7 @@ systemd:
   returned: always
   type: dict
   sample: {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "MainPID": "1234"}
-'''
+"""
 
 import glob
 import grp
@@ -243,11 +243,17 @@ from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 PROBE_PROPERTIES = (
-    'LoadState', 'ActiveState', 'SubState', 'UnitFileState', 'NeedDaemonReload', 'InvocationID', 'MainPID',
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "UnitFileState",
+    "NeedDaemonReload",
+    "InvocationID",
+    "MainPID",
 )
-DPKG_FORMAT = '${Package} ${db:Status-Abbrev}\n'
-C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
-MODE_RE = re.compile(r'^0?[0-7]{3,4}$')
+DPKG_FORMAT = "${Package} ${db:Status-Abbrev}\n"
+C_ENV = {"LANG": "C", "LC_ALL": "C"}
+MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
 
 
 class BadMode(ValueError):
@@ -263,14 +269,14 @@ def parse_mode(text, where):
 def installed_versions(venv):
     """Version: of each sglang dist-info METADATA in the venv (the header ends at the first empty line)."""
     versions = []
-    site = os.path.join(glob.escape(venv), 'lib', 'python3*', 'site-packages')
-    pattern = os.path.join(site, 'sglang-*.dist-info', 'METADATA')
+    site = os.path.join(glob.escape(venv), "lib", "python3*", "site-packages")
+    pattern = os.path.join(site, "sglang-*.dist-info", "METADATA")
     for meta in sorted(glob.glob(pattern)):
         try:
-            with open(meta, encoding='utf-8', errors='replace') as handle:
+            with open(meta, encoding="utf-8", errors="replace") as handle:
                 for line in handle:
-                    if line.startswith('Version:'):
-                        versions.append(line.split(':', 1)[1].strip())
+                    if line.startswith("Version:"):
+                        versions.append(line.split(":", 1)[1].strip())
                         break
                     if not line.strip():
                         break
@@ -281,7 +287,7 @@ def installed_versions(venv):
 
 def read_marker(path):
     try:
-        with open(path, encoding='utf-8') as handle:
+        with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return None
@@ -292,7 +298,7 @@ def parse_dpkg_status(text):
     installed = set()
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) >= 2 and fields[1] == 'ii':
+        if len(fields) >= 2 and fields[1] == "ii":
             installed.add(fields[0])
     return installed
 
@@ -300,11 +306,11 @@ def parse_dpkg_status(text):
 def missing_packages(module, packages):
     if not packages:
         return []
-    cmd = [module.get_bin_path('dpkg-query', required=True), '-W', f'-f={DPKG_FORMAT}', *packages]
+    cmd = [module.get_bin_path("dpkg-query", required=True), "-W", f"-f={DPKG_FORMAT}", *packages]
     rc, out, err = module.run_command(cmd, environ_update=C_ENV)
     # rc 1: some name is not known to dpkg at all (it is then missing); the others are still listed.
     if rc not in (0, 1):
-        module.warn(f'dpkg-query failed (rc={rc}): {err.strip()}; unlisted packages count as missing')
+        module.warn(f"dpkg-query failed (rc={rc}): {err.strip()}; unlisted packages count as missing")
     installed = parse_dpkg_status(out)
     return [name for name in packages if name not in installed]
 
@@ -312,8 +318,11 @@ def missing_packages(module, packages):
 def owned(st, owner, group, mode):
     """``st`` has owner ``owner``, group ``group`` (names) and permission bits ``mode`` (int)."""
     try:
-        return (pwd.getpwuid(st.st_uid).pw_name == owner and grp.getgrgid(st.st_gid).gr_name == group
-                and stat.S_IMODE(st.st_mode) == mode)
+        return (
+            pwd.getpwuid(st.st_uid).pw_name == owner
+            and grp.getgrgid(st.st_gid).gr_name == group
+            and stat.S_IMODE(st.st_mode) == mode
+        )
     except KeyError:
         return False
 
@@ -328,19 +337,20 @@ def dir_good(path, owner, group, mode):
 
 def file_digest(path, algorithm):
     digest = hashlib.new(algorithm)
-    with open(path, 'rb') as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b''):
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def file_good(item):
     try:
-        st = os.lstat(item['path'])
+        st = os.lstat(item["path"])
         if not stat.S_ISREG(st.st_mode):
             return False
-        return (file_digest(item['path'], 'sha1') == item['sha1'].lower()
-                and owned(st, item['owner'], item['group'], item['mode']))
+        return file_digest(item["path"], "sha1") == item["sha1"].lower() and owned(
+            st, item["owner"], item["group"], item["mode"]
+        )
     except OSError:
         return False
 
@@ -348,43 +358,43 @@ def file_good(item):
 def account(user):
     """(group_ok, user_ok) of the service account."""
     try:
-        grp.getgrnam(user['group'])
+        grp.getgrnam(user["group"])
     except KeyError:
         return False, False
     try:
-        pw = pwd.getpwnam(user['name'])
+        pw = pwd.getpwnam(user["name"])
         primary = grp.getgrgid(pw.pw_gid).gr_name
     except KeyError:
         return True, False
-    return True, pw.pw_dir == user['home'] and pw.pw_shell == user['shell'] and primary == user['group']
+    return True, pw.pw_dir == user["home"] and pw.pw_shell == user["shell"] and primary == user["group"]
 
 
 def sha256_of(path):
     try:
-        return file_digest(path, 'sha256')
+        return file_digest(path, "sha256")
     except OSError:
         return None
 
 
 def mode_ok(item):
     try:
-        st = os.lstat(item['path'])
+        st = os.lstat(item["path"])
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and owned(st, item['owner'], item['group'], item['mode'])
+    return stat.S_ISREG(st.st_mode) and owned(st, item["owner"], item["group"], item["mode"])
 
 
 def checked_modes(modes):
     """The O(modes) entries with owner/group defaults and int modes; BadMode on a malformed one."""
     out = {}
     for name, item in modes.items():
-        if not isinstance(item, dict) or not isinstance(item.get('path'), str) or 'mode' not in item:
-            raise BadMode(f'modes.{name}: must be a mapping with path and mode, got {item!r}')
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str) or "mode" not in item:
+            raise BadMode(f"modes.{name}: must be a mapping with path and mode, got {item!r}")
         out[name] = {
-            'path': item['path'],
-            'mode': parse_mode(item['mode'], f'modes.{name}'),
-            'owner': str(item.get('owner') or 'root'),
-            'group': str(item.get('group') or 'root'),
+            "path": item["path"],
+            "mode": parse_mode(item["mode"], f"modes.{name}"),
+            "owner": str(item.get("owner") or "root"),
+            "group": str(item.get("group") or "root"),
         }
     return out
 
@@ -392,84 +402,89 @@ def checked_modes(modes):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            venv=dict(type='path', required=True),
-            marker=dict(type='path', required=True),
-            packages=dict(type='list', elements='str', default=[]),
+            venv=dict(type="path", required=True),
+            marker=dict(type="path", required=True),
+            packages=dict(type="list", elements="str", default=[]),
             dirs=dict(
-                type='list',
-                elements='dict',
+                type="list",
+                elements="dict",
                 default=[],
                 options=dict(
-                    path=dict(type='path', required=True),
-                    owner=dict(type='str', required=True),
-                    group=dict(type='str', required=True),
-                    mode=dict(type='raw', required=True),
+                    path=dict(type="path", required=True),
+                    owner=dict(type="str", required=True),
+                    group=dict(type="str", required=True),
+                    mode=dict(type="raw", required=True),
                 ),
             ),
-            user_dirs=dict(type='list', elements='path', default=[]),
-            user_dir_mode=dict(type='raw', default='0750'),
+            user_dirs=dict(type="list", elements="path", default=[]),
+            user_dir_mode=dict(type="raw", default="0750"),
             user=dict(
-                type='dict',
+                type="dict",
                 required=True,
                 options=dict(
-                    name=dict(type='str', required=True),
-                    group=dict(type='str', required=True),
-                    home=dict(type='path', required=True),
-                    shell=dict(type='str', required=True),
+                    name=dict(type="str", required=True),
+                    group=dict(type="str", required=True),
+                    home=dict(type="path", required=True),
+                    shell=dict(type="str", required=True),
                 ),
             ),
             files=dict(
-                type='list',
-                elements='dict',
+                type="list",
+                elements="dict",
                 default=[],
                 options=dict(
-                    path=dict(type='path', required=True),
-                    sha1=dict(type='str', required=True),
-                    mode=dict(type='raw', required=True),
-                    owner=dict(type='str', default='root'),
-                    group=dict(type='str', default='root'),
+                    path=dict(type="path", required=True),
+                    sha1=dict(type="str", required=True),
+                    mode=dict(type="raw", required=True),
+                    owner=dict(type="str", default="root"),
+                    group=dict(type="str", default="root"),
                 ),
             ),
-            unit=dict(type='str', required=True),
-            sha256=dict(type='dict', default={}),
-            modes=dict(type='dict', default={}),
+            unit=dict(type="str", required=True),
+            sha256=dict(type="dict", default={}),
+            modes=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    user = p['user']
+    user = p["user"]
     try:
-        dirs = [dict(item, mode=parse_mode(item['mode'], f"dirs {item['path']}")) for item in p['dirs']]
-        user_dir_mode = parse_mode(p['user_dir_mode'], 'user_dir_mode')
-        files = [dict(item, mode=parse_mode(item['mode'], f"files {item['path']}")) for item in p['files']]
-        modes = checked_modes(p['modes'])
+        dirs = [dict(item, mode=parse_mode(item["mode"], f"dirs {item['path']}")) for item in p["dirs"]]
+        user_dir_mode = parse_mode(p["user_dir_mode"], "user_dir_mode")
+        files = [dict(item, mode=parse_mode(item["mode"], f"files {item['path']}")) for item in p["files"]]
+        modes = checked_modes(p["modes"])
     except BadMode as exc:
         module.fail_json(msg=str(exc))
-    dirs += [{'path': path, 'owner': user['name'], 'group': user['group'], 'mode': user_dir_mode}
-             for path in p['user_dirs']]
+    dirs += [
+        {"path": path, "owner": user["name"], "group": user["group"], "mode": user_dir_mode}
+        for path in p["user_dirs"]
+    ]
 
     group_ok, user_ok = account(user)
     try:
-        systemd = systemctl_show(module, p['unit'], PROBE_PROPERTIES)
+        systemd = systemctl_show(module, p["unit"], PROBE_PROPERTIES)
     except SystemctlError as exc:
-        module.warn(f'{exc}; the unit state is unknown')
+        module.warn(f"{exc}; the unit state is unknown")
         systemd = {}
     module.exit_json(
         changed=False,
-        venv=os.access(os.path.join(p['venv'], 'bin', 'python'), os.X_OK),
-        versions=installed_versions(p['venv']),
-        marker=read_marker(p['marker']),
-        missing_packages=missing_packages(module, p['packages']),
-        bad_dirs=[item['path'] for item in dirs if not dir_good(item['path'], item['owner'], item['group'],
-                                                                  item['mode'])],
+        venv=os.access(os.path.join(p["venv"], "bin", "python"), os.X_OK),
+        versions=installed_versions(p["venv"]),
+        marker=read_marker(p["marker"]),
+        missing_packages=missing_packages(module, p["packages"]),
+        bad_dirs=[
+            item["path"]
+            for item in dirs
+            if not dir_good(item["path"], item["owner"], item["group"], item["mode"])
+        ],
         group_ok=group_ok,
         user_ok=user_ok,
-        bad_files=[item['path'] for item in files if not file_good(item)],
-        sha256={name: sha256_of(str(path)) for name, path in p['sha256'].items()},
+        bad_files=[item["path"] for item in files if not file_good(item)],
+        sha256={name: sha256_of(str(path)) for name, path in p["sha256"].items()},
         modes_ok={name: mode_ok(item) for name, item in modes.items()},
         systemd=systemd,
     )
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

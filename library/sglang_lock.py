@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_lock
 short_description: One deploy of an SGLang service at a time on a host (a lock that spans tasks)
@@ -84,9 +84,9 @@ attributes:
     details: Takes, renews and releases nothing; a live holder is reported as a warning.
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Take the deploy lock of the service
   sglang_lock:
     name: sglang
@@ -99,9 +99,9 @@ EXAMPLES = r'''
     name: sglang
     state: released
     token: "{{ __sglang_lock.token }}"
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 token:
   description: The holder token (empty in check mode and on refusal).
   returned: always
@@ -131,7 +131,7 @@ message:
     and a deploy in progress seen by check mode).
   returned: when there is something to say
   type: str
-'''
+"""
 
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
@@ -147,9 +147,9 @@ import uuid  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_files import replace_file  # noqa: E402
 
-NAME_RE = re.compile(r'^[A-Za-z0-9_.@:-]+$')
+NAME_RE = re.compile(r"^[A-Za-z0-9_.@:-]+$")
 POLL_SECONDS = 0.5
-BOOT_ID = '/proc/sys/kernel/random/boot_id'
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 class LockError(Exception):
@@ -158,7 +158,7 @@ class LockError(Exception):
 
 def now_iso(offset=0.0):
     moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
-    return moment.strftime('%Y-%m-%dT%H:%M:%SZ')
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def boottime():
@@ -170,34 +170,34 @@ def boot_id():
         with open(BOOT_ID) as handle:
             return handle.read().strip()
     except OSError:
-        return ''
+        return ""
 
 
 def proc_stat(pid):
     """(comm, ppid, starttime in clock ticks since boot) of a live process, or None."""
     try:
-        with open(f'/proc/{int(pid)}/stat', 'rb') as handle:
-            data = handle.read().decode('utf-8', 'replace')
+        with open(f"/proc/{int(pid)}/stat", "rb") as handle:
+            data = handle.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
-    comm = data[data.find('(') + 1:data.rfind(')')]
-    fields = data[data.rfind(')') + 2:].split()
+    comm = data[data.find("(") + 1 : data.rfind(")")]
+    fields = data[data.rfind(")") + 2 :].split()
     # fields[0] is field 3 (state) of proc(5): ppid is field 4, starttime field 22.
-    if fields and fields[0] in ('Z', 'X'):
+    if fields and fields[0] in ("Z", "X"):
         return None
     return comm, int(fields[1]), int(fields[19])
 
 
 def proc_argv(pid):
     try:
-        with open(f'/proc/{int(pid)}/cmdline', 'rb') as handle:
-            return [part.decode('utf-8', 'replace') for part in handle.read().split(b'\0') if part]
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as handle:
+            return [part.decode("utf-8", "replace") for part in handle.read().split(b"\0") if part]
     except OSError:
         return []
 
 
 def is_ansible_playbook(pid):
-    return any(os.path.basename(arg) in ('ansible-playbook', 'ansible-pull') for arg in proc_argv(pid)[:2])
+    return any(os.path.basename(arg) in ("ansible-playbook", "ansible-pull") for arg in proc_argv(pid)[:2])
 
 
 def discover_anchor():
@@ -209,7 +209,7 @@ def discover_anchor():
         if info is None:
             break
         comm, ppid, _ = info
-        if comm.startswith('sshd'):
+        if comm.startswith("sshd"):
             return pid
         if is_ansible_playbook(pid):
             outermost = pid
@@ -222,22 +222,22 @@ def anchor_record(pid):
         return None
     info = proc_stat(pid)
     if info is None:
-        raise LockError(f'anchor_pid {pid}: no such process on this host')
-    return {'pid': int(pid), 'comm': info[0], 'start': info[2]}
+        raise LockError(f"anchor_pid {pid}: no such process on this host")
+    return {"pid": int(pid), "comm": info[0], "start": info[2]}
 
 
 def why_dead(record, current_boot, now_boot):
     """Why the holder of ``record`` cannot be running any more, or None while it may be."""
-    if not isinstance(record, dict) or not record.get('token'):
-        return 'its lock record is unreadable'
-    if record.get('boot_id') != current_boot:
+    if not isinstance(record, dict) or not record.get("token"):
+        return "its lock record is unreadable"
+    if record.get("boot_id") != current_boot:
         return f"the host booted since it took the lock (boot id {str(record.get('boot_id'))[:8]}...)"
-    anchor = record.get('anchor')
+    anchor = record.get("anchor")
     if anchor:
-        info = proc_stat(anchor['pid'])
-        if info is None or info[2] != anchor['start']:
+        info = proc_stat(anchor["pid"])
+        if info is None or info[2] != anchor["start"]:
             return f"its process on this host ({anchor['comm']} PID {anchor['pid']}) is gone"
-    until = record.get('lease_until_boottime')
+    until = record.get("lease_until_boottime")
     if not isinstance(until, (int, float)) or now_boot > until:
         return (
             f"its lease ran out at {record.get('lease_until', '?')} (no call for "
@@ -249,16 +249,16 @@ def why_dead(record, current_boot, now_boot):
 def describe(record):
     """One sentence naming the holder, for a refused run and the takeover report."""
     if not isinstance(record, dict):
-        return 'an unreadable lock record'
-    ctl = record.get('controller') or {}
+        return "an unreadable lock record"
+    ctl = record.get("controller") or {}
     who = (
         f"ansible-playbook PID {ctl.get('pid', '?')} on controller {ctl.get('host', '?')} "
         f"(user {ctl.get('user', '?')}), playbook {ctl.get('playbook') or '?'}"
     )
-    if ctl.get('play'):
+    if ctl.get("play"):
         who += f", play {ctl['play']}"
-    anchor = record.get('anchor')
-    here = f"; on this host {anchor['comm']} PID {anchor['pid']}" if anchor else ''
+    anchor = record.get("anchor")
+    here = f"; on this host {anchor['comm']} PID {anchor['pid']}" if anchor else ""
     return (
         f"{who}{here}; holding it since {record.get('acquired', '?')}, now {record.get('doing', '?')} "
         f"(since {record.get('updated', '?')}, lease until {record.get('lease_until', '?')})"
@@ -266,8 +266,8 @@ def describe(record):
 
 
 def same_run(record, controller):
-    keys = ('machine_id', 'boot_id', 'pid', 'pid_start')
-    ctl = (record.get('controller') or {}) if isinstance(record, dict) else {}
+    keys = ("machine_id", "boot_id", "pid", "pid_start")
+    ctl = (record.get("controller") or {}) if isinstance(record, dict) else {}
     return all(controller.get(k) for k in keys) and all(ctl.get(k) == controller.get(k) for k in keys)
 
 
@@ -276,9 +276,9 @@ def ensure_dir(path):
         os.mkdir(path, 0o700)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
-        raise LockError(f'{path} is not a directory (a symlink is never followed)')
+        raise LockError(f"{path} is not a directory (a symlink is never followed)")
     if st.st_uid != os.geteuid():
-        raise LockError(f'{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}')
+        raise LockError(f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}")
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
 
@@ -286,14 +286,14 @@ def ensure_dir(path):
 def read_record(path):
     """The record (dict), None when there is no lock file, {} when it cannot be parsed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, 'O_CLOEXEC', 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return {}
         raise
-    with os.fdopen(fd, 'rb') as handle:
+    with os.fdopen(fd, "rb") as handle:
         data = handle.read()
     try:
         record = json.loads(data)
@@ -306,7 +306,7 @@ class Mutex:
     """flock(2) on the lock directory around one decision."""
 
     def __init__(self, directory):
-        self.fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, 'O_CLOEXEC', 0))
+        self.fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
 
     def __enter__(self):
         fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -318,45 +318,45 @@ class Mutex:
 
 
 def new_record(params, anchor, token, acquired=None):
-    lease = params['lease']
+    lease = params["lease"]
     now = now_iso()
     return {
-        'version': 1,
-        'token': token,
-        'service': params['name'],
-        'acquired': acquired or now,
-        'updated': now,
-        'doing': params['doing'],
-        'controller': params['controller'],
-        'anchor': anchor,
-        'module_pid': os.getpid(),
-        'boot_id': boot_id(),
-        'lease_seconds': lease,
-        'lease_until_boottime': boottime() + lease,
-        'lease_until': now_iso(lease),
+        "version": 1,
+        "token": token,
+        "service": params["name"],
+        "acquired": acquired or now,
+        "updated": now,
+        "doing": params["doing"],
+        "controller": params["controller"],
+        "anchor": anchor,
+        "module_pid": os.getpid(),
+        "boot_id": boot_id(),
+        "lease_seconds": lease,
+        "lease_until_boottime": boottime() + lease,
+        "lease_until": now_iso(lease),
     }
 
 
 def write_record(path, record):
-    replace_file(path, (json.dumps(record, indent=2, sort_keys=True) + '\n').encode(), 0o600)
+    replace_file(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o600)
 
 
 def acquire(module, path, directory):
     params = module.params
-    anchor_pid = params['anchor_pid'] if params['anchor_pid'] is not None else discover_anchor()
+    anchor_pid = params["anchor_pid"] if params["anchor_pid"] is not None else discover_anchor()
     anchor = anchor_record(anchor_pid)
     started = time.monotonic()
-    deadline = started + max(params['wait'], 0)
+    deadline = started + max(params["wait"], 0)
     while True:
         with Mutex(directory):
             record = read_record(path)
             took_over = None
             if record is not None:
                 reason = why_dead(record, boot_id(), boottime())
-                if reason is None and params['takeover'] and record.get('token') == params['takeover']:
-                    reason = params['takeover_reason']
-                if reason is None and same_run(record, params['controller']):
-                    reason = 'it is this same run (an earlier acquire whose release did not run)'
+                if reason is None and params["takeover"] and record.get("token") == params["takeover"]:
+                    reason = params["takeover_reason"]
+                if reason is None and same_run(record, params["controller"]):
+                    reason = "it is this same run (an earlier acquire whose release did not run)"
                 if reason is None:
                     if time.monotonic() >= deadline:
                         return None, record, time.monotonic() - started
@@ -373,102 +373,103 @@ def acquire(module, path, directory):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type='str', required=True),
-            state=dict(type='str', default='acquired', choices=['acquired', 'renewed', 'released']),
-            dir=dict(type='path', default='/run/sglang-deploy'),
-            token=dict(type='str', no_log=False),
-            wait=dict(type='int', default=0),
-            lease=dict(type='int', default=3600),
-            doing=dict(type='str', default='deploying'),
-            controller=dict(type='dict', default={}),
-            anchor_pid=dict(type='int'),
-            takeover=dict(type='str', no_log=False),
-            takeover_reason=dict(type='str', default='its controller process is gone'),
+            name=dict(type="str", required=True),
+            state=dict(type="str", default="acquired", choices=["acquired", "renewed", "released"]),
+            dir=dict(type="path", default="/run/sglang-deploy"),
+            token=dict(type="str", no_log=False),
+            wait=dict(type="int", default=0),
+            lease=dict(type="int", default=3600),
+            doing=dict(type="str", default="deploying"),
+            controller=dict(type="dict", default={}),
+            anchor_pid=dict(type="int"),
+            takeover=dict(type="str", no_log=False),
+            takeover_reason=dict(type="str", default="its controller process is gone"),
         ),
-        required_if=[('state', 'renewed', ['token']), ('state', 'released', ['token'])],
+        required_if=[("state", "renewed", ["token"]), ("state", "released", ["token"])],
         supports_check_mode=True,
     )
     params = module.params
-    if not NAME_RE.match(params['name']):
+    if not NAME_RE.match(params["name"]):
         module.fail_json(msg=f"name {params['name']!r}: only letters, digits and _.@:- are allowed")
-    if params['lease'] < 1 or params['wait'] < 0:
+    if params["lease"] < 1 or params["wait"] < 0:
         module.fail_json(msg=f"lease must be >= 1 and wait >= 0 (got {params['lease']}, {params['wait']})")
-    directory = params['dir']
-    path = os.path.join(directory, params['name'] + '.lock')
-    state = params['state']
-    result = dict(changed=False, lock_file=path, token='')
+    directory = params["dir"]
+    path = os.path.join(directory, params["name"] + ".lock")
+    state = params["state"]
+    result = dict(changed=False, lock_file=path, token="")
 
     if module.check_mode:
         # Nothing is taken or written; a deploy in progress makes this run's report out of date.
         record = read_record(path) if os.path.isdir(directory) else None
-        if record is not None and state == 'acquired':
+        if record is not None and state == "acquired":
             reason = why_dead(record, boot_id(), boottime())
             if reason is None:
-                result['message'] = (
+                result["message"] = (
                     f"{params['name']} is being deployed now by {describe(record)}: what this check mode run "
                     f"shows may be out of date when that deploy ends"
                 )
-                module.warn(result['message'])
-            result['holder'] = record
+                module.warn(result["message"])
+            result["holder"] = record
         module.exit_json(**result)
 
     try:
         ensure_dir(directory)
-        if state == 'acquired':
+        if state == "acquired":
             mine, other, waited = acquire(module, path, directory)
-            result['waited'] = round(waited, 3)
+            result["waited"] = round(waited, 3)
             if mine is None:
-                waited_text = f' after waiting {waited:.0f} s (sglang_lock_wait)' if params['wait'] else ''
+                waited_text = f" after waiting {waited:.0f} s (sglang_lock_wait)" if params["wait"] else ""
                 module.fail_json(
                     msg=f"another deploy of {params['name']} holds {path}{waited_text}: {describe(other)}. "
                     f"Run again when it has finished, or set sglang_lock_wait (seconds) to wait for it.",
                     holder=other,
                     **result,
                 )
-            result.update(token=mine['token'], holder=mine)
-            result['message'] = f"took the deploy lock of {params['name']} ({path})"
+            result.update(token=mine["token"], holder=mine)
+            result["message"] = f"took the deploy lock of {params['name']} ({path})"
             if other is not None:
-                result['took_over'] = other
-                result['message'] = (
+                result["took_over"] = other
+                result["message"] = (
                     f"took over the deploy lock of {params['name']} ({path}) from a dead run: "
                     f"{other['reason']}. It was held by {describe(other)}"
                 )
-                module.warn(result['message'])
-        elif state == 'renewed':
+                module.warn(result["message"])
+        elif state == "renewed":
             with Mutex(directory):
                 record = read_record(path)
-                if record is None or record.get('token') != params['token']:
-                    holder = describe(record) if record is not None else 'nobody (the lock file is gone)'
+                if record is None or record.get("token") != params["token"]:
+                    holder = describe(record) if record is not None else "nobody (the lock file is gone)"
                     module.fail_json(
                         msg=f"this run no longer holds the deploy lock of {params['name']} ({path}): it is "
                         f"held by {holder}. Stopping before: {params['doing']}",
-                        holder=record, **result,
+                        holder=record,
+                        **result,
                     )
                 mine = new_record(
-                    params, record.get('anchor'), params['token'], acquired=record.get('acquired')
+                    params, record.get("anchor"), params["token"], acquired=record.get("acquired")
                 )
-                mine['controller'] = record.get('controller') or params['controller']
+                mine["controller"] = record.get("controller") or params["controller"]
                 write_record(path, mine)
-            result.update(token=params['token'], holder=mine)
+            result.update(token=params["token"], holder=mine)
         else:
             with Mutex(directory):
                 record = read_record(path)
-                mine = record is not None and record.get('token') == params['token']
+                mine = record is not None and record.get("token") == params["token"]
                 if mine:
                     os.unlink(path)
                 elif record is not None:
-                    result['message'] = (
+                    result["message"] = (
                         f"the deploy lock of {params['name']} is not this run's any more (left as it is): "
                         f"held by {describe(record)}"
                     )
-                    module.warn(result['message'])
-                    result['holder'] = record
-            result['released'] = mine
+                    module.warn(result["message"])
+                    result["holder"] = record
+            result["released"] = mine
     except (OSError, LockError) as exc:
-        text = f'{exc.strerror} ({exc.filename})' if isinstance(exc, OSError) and exc.strerror else str(exc)
+        text = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else str(exc)
         module.fail_json(msg=f"deploy lock of {params['name']} in {directory}: {text}", **result)
     module.exit_json(**result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

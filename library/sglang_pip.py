@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_pip
 short_description: Run a pip install on the host, printing what pip is doing while it runs
@@ -51,17 +51,17 @@ attributes:
     support: none
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Install SGLang from the package index
   sglang_pip:
     argv: [/opt/sglang/venv/bin/python, -m, pip, install, --no-input, sglang==0.5.23]
     log: /opt/sglang/venv/sglang-deploy-pip.log
     label: SGLang 0.5.23
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 rc:
   description: pip's exit status (null when it ended without one).
   returned: when pip ended
@@ -86,4 +86,4 @@ elapsed:
   returned: when pip ended
   type: str
   sample: 2m41s
-'''
+"""

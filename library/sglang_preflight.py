@@ -135,13 +135,13 @@ from ansible.module_utils.sglang_options import DFLASH_BASED, read_argv, window_
 from ansible.module_utils.sglang_redact import MIN_TEXT_SECRET_LEN, redact, redact_text
 from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
-PLACEHOLDER = 'sglang-preflight-placeholder'
-_VAR_REF = re.compile(r'^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$')
-_ANSI = re.compile(r'\x1b\[[0-9;]*m')
+PLACEHOLDER = "sglang-preflight-placeholder"
+_VAR_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # Runs in the venv's python; the request (argv) arrives on stdin so it is not in the process list.
-RESOLVE_SCRIPT = r'''
+RESOLVE_SCRIPT = r"""
 import argparse, contextlib, dataclasses, json, logging, re, sys, traceback
 MARKER = "SGLANG_DEPLOY_RESULT "
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -211,7 +211,7 @@ keys |= {"max_running_requests", "attention_backend", "device"}
 keys |= {d for d in given if d in resolved}
 finish({"resolved": {k: plain(resolved[k]) for k in sorted(keys) if k in resolved},
         "keys": len(resolved)}, 0)
-'''
+"""
 
 SCRIPT_SHA256 = hashlib.sha256(RESOLVE_SCRIPT.encode()).hexdigest()
 
@@ -222,7 +222,7 @@ def _int(values, key):
     try:
         return int(values[key])
     except ValueError as exc:
-        raise ValueError(f'{key}: {values[key]!r} is not an integer') from exc
+        raise ValueError(f"{key}: {values[key]!r} is not an integer") from exc
 
 
 def draft_block_size(draft_path):
@@ -230,12 +230,12 @@ def draft_block_size(draft_path):
     if not draft_path or not os.path.isdir(draft_path):
         return None
     try:
-        with open(os.path.join(draft_path, 'config.json'), encoding='utf-8') as handle:
+        with open(os.path.join(draft_path, "config.json"), encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, ValueError):
         return None
-    nested = config.get('dflash_config') if isinstance(config.get('dflash_config'), dict) else {}
-    value = nested.get('block_size', config.get('block_size'))
+    nested = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    value = nested.get("block_size", config.get("block_size"))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -243,50 +243,62 @@ def check_rules(argv):
     """Late SGLang rules, checked up front. Returns warnings; raises ValueError naming the setting."""
     values = read_argv(argv)
     warnings = []
-    algo = values.get('speculative_algorithm')
+    algo = values.get("speculative_algorithm")
     algo = algo.upper() if algo else None
-    window = _int(values, 'speculative_draft_window_size')
+    window = _int(values, "speculative_draft_window_size")
     if window is not None:
         if window <= 0:
-            raise ValueError(f'speculative_draft_window_size: must be > 0, got {window}')
+            raise ValueError(f"speculative_draft_window_size: must be > 0, got {window}")
         support = window_support(algo)
-        if support == 'none':
-            raise ValueError('speculative_draft_window_size: set without a speculative algorithm; '
-                             'SGLang would ignore it (use speculative_algorithm DFLASH or DDTREE)')
-        if support == 'ignored':
-            raise ValueError(f'speculative_draft_window_size: speculative_algorithm {algo} does not honour '
-                             'the draft window; SGLang only logs a warning and runs without it (use DFLASH)')
-        if support == 'sometimes':
-            warnings.append(f'speculative_draft_window_size: with {algo} the window is honoured only by '
-                            'Llama EAGLE-3 drafts and the EAGLE/MTP draft on the triton/flashinfer '
-                            'draft backends')
-        elif support == 'unknown':
-            warnings.append(f'speculative_draft_window_size: {algo} is not a built-in algorithm; whether it '
-                            'honours the draft window depends on that build')
+        if support == "none":
+            raise ValueError(
+                "speculative_draft_window_size: set without a speculative algorithm; "
+                "SGLang would ignore it (use speculative_algorithm DFLASH or DDTREE)"
+            )
+        if support == "ignored":
+            raise ValueError(
+                f"speculative_draft_window_size: speculative_algorithm {algo} does not honour "
+                "the draft window; SGLang only logs a warning and runs without it (use DFLASH)"
+            )
+        if support == "sometimes":
+            warnings.append(
+                f"speculative_draft_window_size: with {algo} the window is honoured only by "
+                "Llama EAGLE-3 drafts and the EAGLE/MTP draft on the triton/flashinfer "
+                "draft backends"
+            )
+        elif support == "unknown":
+            warnings.append(
+                f"speculative_draft_window_size: {algo} is not a built-in algorithm; whether it "
+                "honours the draft window depends on that build"
+            )
     if algo not in DFLASH_BASED:
         return warnings
-    if not values.get('speculative_draft_model_path'):
-        raise ValueError(f'speculative_draft_model_path: {algo} needs a draft model path')
-    pp_size = _int(values, 'pp_size')
+    if not values.get("speculative_draft_model_path"):
+        raise ValueError(f"speculative_draft_model_path: {algo} needs a draft model path")
+    pp_size = _int(values, "pp_size")
     if pp_size is not None and pp_size != 1:
-        raise ValueError(f'pp_size: DFLASH requires pp_size 1, got {pp_size}')
-    for key in ('speculative_num_steps', 'speculative_eagle_topk'):
+        raise ValueError(f"pp_size: DFLASH requires pp_size 1, got {pp_size}")
+    for key in ("speculative_num_steps", "speculative_eagle_topk"):
         value = _int(values, key)
         if value is not None and value != 1:
-            raise ValueError(f'{key}: DFLASH forces it to 1; got {value} (remove it or set 1)')
-    block = _int(values, 'speculative_dflash_block_size')
-    tokens = _int(values, 'speculative_num_draft_tokens')
+            raise ValueError(f"{key}: DFLASH forces it to 1; got {value} (remove it or set 1)")
+    block = _int(values, "speculative_dflash_block_size")
+    tokens = _int(values, "speculative_num_draft_tokens")
     if block is not None and tokens is not None and block != tokens:
-        raise ValueError(f'speculative_dflash_block_size: {block} differs from speculative_num_draft_tokens '
-                         f'{tokens}; for DFLASH they are aliases and must match')
+        raise ValueError(
+            f"speculative_dflash_block_size: {block} differs from speculative_num_draft_tokens "
+            f"{tokens}; for DFLASH they are aliases and must match"
+        )
     effective = block if block is not None else tokens
-    source = 'the configured block size'
+    source = "the configured block size"
     if effective is None:
-        effective = draft_block_size(values.get('speculative_draft_model_path'))
+        effective = draft_block_size(values.get("speculative_draft_model_path"))
         source = "the draft model's config.json block_size"
     if window is not None and effective is not None and window < effective:
-        raise ValueError(f'speculative_draft_window_size: {window} is smaller than {source} ({effective}); '
-                         'DFLASH needs window >= block size')
+        raise ValueError(
+            f"speculative_draft_window_size: {window} is smaller than {source} ({effective}); "
+            "DFLASH needs window >= block size"
+        )
     return warnings
 
 
@@ -296,7 +308,7 @@ def substitute(argv):
 
 
 def fingerprint(path):
-    config = os.path.join(path, 'config.json') if path else ''
+    config = os.path.join(path, "config.json") if path else ""
     try:
         st = os.stat(config)
     except OSError:
@@ -304,48 +316,50 @@ def fingerprint(path):
     return [config, st.st_size, st.st_mtime_ns]
 
 
-
-
 def with_config_copy(argv, config_keys, directory):
     """``argv`` with the path after ``--config`` replaced by a copy in ``directory`` holding a placeholder
     for each of ``config_keys`` (JSON is YAML; the keys are flag names). Unchanged without ``--config``."""
-    if '--config' not in argv:
+    if "--config" not in argv:
         return argv
-    position = argv.index('--config') + 1
+    position = argv.index("--config") + 1
     if position >= len(argv):
         return argv  # SGLang's own error: "No config file specified after --config flag!"
     path = os.path.join(directory, os.path.basename(argv[position]))
-    with open(path, 'w', encoding='utf-8') as handle:
+    with open(path, "w", encoding="utf-8") as handle:
         json.dump({key: PLACEHOLDER for key in config_keys}, handle)
-    return argv[:position] + [path] + argv[position + 1:]
+    return argv[:position] + [path] + argv[position + 1 :]
 
 
 def cache_key(argv, device, env, meta, values, config_keys=()):
     material = {
-        'argv': argv, 'device': device, 'config_keys': sorted(config_keys),
-        'env': sorted((str(k), str(v)) for k, v in env.items()),
-        'version': meta['version'], 'record': meta['record_sha256'], 'script': SCRIPT_SHA256,
-        'model': fingerprint(values.get('model_path')),
-        'draft': fingerprint(values.get('speculative_draft_model_path')),
+        "argv": argv,
+        "device": device,
+        "config_keys": sorted(config_keys),
+        "env": sorted((str(k), str(v)) for k, v in env.items()),
+        "version": meta["version"],
+        "record": meta["record_sha256"],
+        "script": SCRIPT_SHA256,
+        "model": fingerprint(values.get("model_path")),
+        "draft": fingerprint(values.get("speculative_draft_model_path")),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 def write_cache(module, path, data):
-    write_json_atomic(module, path, data, 0o600, 'preflight cache')
+    write_json_atomic(module, path, data, 0o600, "preflight cache")
 
 
 def error_line(stderr):
     """SGLang's argparse message (`sglang serve: error: ...`), else the last stderr line."""
-    lines = [ln.strip() for ln in (stderr or '').splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
     for line in reversed(lines):
-        if ': error: ' in line:
+        if ": error: " in line:
             return line
-    return lines[-1] if lines else ''
+    return lines[-1] if lines else ""
 
 
 # Environment names whose values are secrets (as playbooks/plan.yml masks them in the env diff).
-SECRET_ENV_NAME = re.compile(r'KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL', re.IGNORECASE)
+SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 def secret_env_values(env):
@@ -354,60 +368,66 @@ def secret_env_values(env):
 
 
 def preflight(module, params):
-    argv = list(params['argv'])
-    env = params['env'] or {}
+    argv = list(params["argv"])
+    env = params["env"] or {}
     secrets = secret_env_values(env)
     for bad in argv:
-        if '\n' in bad or '\x00' in bad:
-            module.fail_json(msg=f'argv: element {bad[:40]!r} contains a newline or NUL')
+        if "\n" in bad or "\x00" in bad:
+            module.fail_json(msg=f"argv: element {bad[:40]!r} contains a newline or NUL")
     try:
         rule_warnings = check_rules(argv)
     except ValueError as exc:
         module.fail_json(msg=str(exc), rc=1, sglang_warnings=[])
     run_argv = substitute(argv)
-    if params['device'] and not any(a == '--device' or a.startswith('--device=') for a in argv):
-        run_argv += ['--device', params['device']]
-    python = params['python']
-    rc, out, err = run_python(module, python, PROBE_SCRIPT, params['timeout'], env)
+    if params["device"] and not any(a == "--device" or a.startswith("--device=") for a in argv):
+        run_argv += ["--device", params["device"]]
+    python = params["python"]
+    rc, out, err = run_python(module, python, PROBE_SCRIPT, params["timeout"], env)
     meta = parse_marked(out)
-    if rc != 0 or not meta or 'version' not in meta:
-        reason = (meta or {}).get('error') or error_line(err) or f'rc={rc}'
-        module.fail_json(msg=f'python {python}: cannot read the installed sglang metadata: {reason}', rc=rc)
-    key = cache_key(argv, params['device'], env, meta, read_argv(argv), params['config_keys'])
-    path = os.path.join(params['cache_dir'], key + '.json')
+    if rc != 0 or not meta or "version" not in meta:
+        reason = (meta or {}).get("error") or error_line(err) or f"rc={rc}"
+        module.fail_json(msg=f"python {python}: cannot read the installed sglang metadata: {reason}", rc=rc)
+    key = cache_key(argv, params["device"], env, meta, read_argv(argv), params["config_keys"])
+    path = os.path.join(params["cache_dir"], key + ".json")
     try:
-        with open(path, encoding='utf-8') as handle:
+        with open(path, encoding="utf-8") as handle:
             cached = json.load(handle)
-        if cached.get('version') == meta['version'] and 'resolved' in cached:
+        if cached.get("version") == meta["version"] and "resolved" in cached:
             return cached, True, rule_warnings
     except (OSError, ValueError):
         pass
-    scratch = tempfile.mkdtemp(prefix='sglang-preflight.')  # 0700
+    scratch = tempfile.mkdtemp(prefix="sglang-preflight.")  # 0700
     try:
-        run_argv = with_config_copy(run_argv, params['config_keys'], scratch)
-        rc, out, err = run_python(module, python, RESOLVE_SCRIPT, params['timeout'], env,
-                                  data=json.dumps({'argv': run_argv}))
+        run_argv = with_config_copy(run_argv, params["config_keys"], scratch)
+        rc, out, err = run_python(
+            module, python, RESOLVE_SCRIPT, params["timeout"], env, data=json.dumps({"argv": run_argv})
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = parse_marked(out) or {}
     tail = redact_text(err[-3000:], secrets)
     if rc in (-14, 142):
-        module.fail_json(msg=f'SGLang {meta["version"]} did not finish resolving '
-                             f'within {params["timeout"]} s',
-                         rc=rc, stderr=tail)
+        module.fail_json(
+            msg=f"SGLang {meta['version']} did not finish resolving within {params['timeout']} s",
+            rc=rc,
+            stderr=tail,
+        )
     if rc == 2:
         # argparse prints the whole usage (tens of KB) before the one line that matters.
         line = redact_text(error_line(err), secrets)
-        module.fail_json(msg=f'SGLang {meta["version"]} rejected the argv: {line}', rc=2, stderr=line)
-    if rc != 0 or 'resolved' not in result:
-        reason = result.get('error') or error_line(err) or f'rc={rc}'
-        module.fail_json(msg=f'SGLang {meta["version"]} refused the settings: {redact_text(reason, secrets)}',
-                         rc=1 if rc == 0 else rc, stderr=tail,
-                         sglang_warnings=[redact_text(w, secrets) for w in result.get('warnings', [])])
+        module.fail_json(msg=f"SGLang {meta['version']} rejected the argv: {line}", rc=2, stderr=line)
+    if rc != 0 or "resolved" not in result:
+        reason = result.get("error") or error_line(err) or f"rc={rc}"
+        module.fail_json(
+            msg=f"SGLang {meta['version']} refused the settings: {redact_text(reason, secrets)}",
+            rc=1 if rc == 0 else rc,
+            stderr=tail,
+            sglang_warnings=[redact_text(w, secrets) for w in result.get("warnings", [])],
+        )
     data = {
-        'version': meta['version'],
-        'resolved': redact(result['resolved'], secrets),
-        'warnings': [redact_text(w, secrets) for w in result.get('warnings', [])],
+        "version": meta["version"],
+        "resolved": redact(result["resolved"], secrets),
+        "warnings": [redact_text(w, secrets) for w in result.get("warnings", [])],
     }
     if not module.check_mode:
         write_cache(module, path, data)
@@ -417,39 +437,40 @@ def preflight(module, params):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            python=dict(type='path', required=True),
-            argv=dict(type='list', elements='str', required=True),
-            device=dict(type='str'),
-            config_keys=dict(type='list', elements='str', default=[], no_log=False),
+            python=dict(type="path", required=True),
+            argv=dict(type="list", elements="str", required=True),
+            device=dict(type="str"),
+            config_keys=dict(type="list", elements="str", default=[], no_log=False),
             # Not no_log: Ansible would then mask every value of the environment in all the output,
             # so each "1" and "0" (NCCL_P2P_DISABLE=1, CUDA_VISIBLE_DEVICES=0) in SGLang's error text
             # became "********". Only the values of secret-named variables are masked (below).
-            env=dict(type='dict', default={}),
-            cache_dir=dict(type='path', default='/var/lib/sglang-deploy/preflight'),
-            timeout=dict(type='int', default=300),
+            env=dict(type="dict", default={}),
+            cache_dir=dict(type="path", default="/var/lib/sglang-deploy/preflight"),
+            timeout=dict(type="int", default=300),
         ),
         supports_check_mode=True,
     )
     # Short values ("1", "yes" of HF_HUB_DISABLE_IMPLICIT_TOKEN) would mask every such word of the
     # output and hide no secret; module_utils/sglang_redact.py draws the same line.
-    module.no_log_values.update(v for v in secret_env_values(module.params['env'] or {})
-                                if len(v) >= MIN_TEXT_SECRET_LEN)
-    python = module.params['python']
+    module.no_log_values.update(
+        v for v in secret_env_values(module.params["env"] or {}) if len(v) >= MIN_TEXT_SECRET_LEN
+    )
+    python = module.params["python"]
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
-        module.fail_json(msg=f'python: {python} is not an executable file (is the SGLang venv installed?)')
-    if module.params['timeout'] < 1:
-        module.fail_json(msg='timeout: must be at least 1 second')
+        module.fail_json(msg=f"python: {python} is not an executable file (is the SGLang venv installed?)")
+    if module.params["timeout"] < 1:
+        module.fail_json(msg="timeout: must be at least 1 second")
     data, cached, rule_warnings = preflight(module, module.params)
-    for line in data['warnings'] + rule_warnings:
-        module.warn(f'SGLang {data["version"]}: {line}')
+    for line in data["warnings"] + rule_warnings:
+        module.warn(f"SGLang {data['version']}: {line}")
     module.exit_json(
         changed=False,
-        version=data['version'],
-        resolved=data['resolved'],
-        sglang_warnings=data['warnings'] + rule_warnings,
+        version=data["version"],
+        resolved=data["resolved"],
+        sglang_warnings=data["warnings"] + rule_warnings,
         cached=cached,
     )
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_router_member
 short_description: Take an SGLang worker out of the SGLang router (smg) and drain it, or put it back
@@ -75,9 +75,9 @@ attributes:
     details: Reads the router's list and reports what would change; removes, drains and adds nothing.
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Take the worker out of the router and drain it
   sglang_router_member:
     router_url: "http://{{ groups['routers'][0] }}:30000"
@@ -96,9 +96,9 @@ EXAMPLES = r'''
     state: present
     labels:
       sglang_invocation: "{{ __sglang_restart.invocation_id }}"
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 worker_id:
   description: The router's id of the worker (the last one it had, for absent; the new one, for present).
   returned: when the router listed the worker
@@ -129,7 +129,7 @@ labels:
   returned: when state is present
   type: dict
   sample: {sglang_invocation: "9d1c...", version: "0.5.23"}
-'''
+"""
 
 import json
 import time
@@ -143,11 +143,11 @@ class RouterError(Exception):
     """An answer the module cannot work with; the message names the endpoint and the status."""
 
 
-def http(method: str, url: str, key: str = '', body: dict | None = None, timeout: float = 10.0):
+def http(method: str, url: str, key: str = "", body: dict | None = None, timeout: float = 10.0):
     """(status, body parsed as JSON or text); a connection error raises RouterError."""
-    headers = {'Content-Type': 'application/json'} if body is not None else {}
+    headers = {"Content-Type": "application/json"} if body is not None else {}
     if key:
-        headers['Authorization'] = f'Bearer {key}'
+        headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
@@ -156,31 +156,31 @@ def http(method: str, url: str, key: str = '', body: dict | None = None, timeout
     except urllib.error.HTTPError as err:
         status, raw = err.code, err.read()
     except (OSError, ValueError) as err:
-        raise RouterError(f'{method} {url}: {err}') from None
+        raise RouterError(f"{method} {url}: {err}") from None
     try:
         return status, json.loads(raw)
     except ValueError:
-        return status, raw.decode(errors='replace').strip()
+        return status, raw.decode(errors="replace").strip()
 
 
 def same_url(a: str, b: str) -> bool:
-    return a.rstrip('/') == b.rstrip('/')
+    return a.rstrip("/") == b.rstrip("/")
 
 
 class Member:
     def __init__(self, params: dict, check_mode: bool) -> None:
         self.p, self.check_mode = params, check_mode
-        self.router = params['router_url'].rstrip('/')
-        self.result = {'changed': False, 'drained': False, 'requests_cut': 0, 'drain_seconds': 0.0}
+        self.router = params["router_url"].rstrip("/")
+        self.result = {"changed": False, "drained": False, "requests_cut": 0, "drain_seconds": 0.0}
 
     def workers(self) -> list[dict]:
-        status, body = http('GET', f'{self.router}/workers', self.p['router_api_key'])
-        if status != 200 or not isinstance(body, dict) or not isinstance(body.get('workers'), list):
-            raise RouterError(f'router {self.router} answered GET /workers with {status}: {str(body)[:300]}')
-        return body['workers']
+        status, body = http("GET", f"{self.router}/workers", self.p["router_api_key"])
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("workers"), list):
+            raise RouterError(f"router {self.router} answered GET /workers with {status}: {str(body)[:300]}")
+        return body["workers"]
 
     def mine(self, workers: list[dict]) -> dict | None:
-        found = [w for w in workers if same_url(str(w.get('url', '')), self.p['worker_url'])]
+        found = [w for w in workers if same_url(str(w.get("url", "")), self.p["worker_url"])]
         return found[0] if found else None
 
     def wait(self, predicate, what: str, timeout: float):
@@ -190,132 +190,150 @@ class Member:
             if value:
                 return value
             if time.monotonic() >= deadline:
-                raise RouterError(f'{what} within {timeout:g} s (router {self.router})')
-            time.sleep(self.p['poll_interval'])
+                raise RouterError(f"{what} within {timeout:g} s (router {self.router})")
+            time.sleep(self.p["poll_interval"])
 
     def remove(self, worker: dict) -> None:
-        status, body = http('DELETE', f"{self.router}/workers/{worker['id']}", self.p['router_api_key'])
+        status, body = http("DELETE", f"{self.router}/workers/{worker['id']}", self.p["router_api_key"])
         if status not in (202, 404):
-            raise RouterError(f"router {self.router} refused DELETE /workers/{worker['id']} "
-                              f"({self.p['worker_url']}): {status} {str(body)[:300]}")
-        self.wait(lambda: self.mine(self.workers()) is None,
-                  f"the router still lists {self.p['worker_url']}", self.p['timeout'])
+            raise RouterError(
+                f"router {self.router} refused DELETE /workers/{worker['id']} "
+                f"({self.p['worker_url']}): {status} {str(body)[:300]}"
+            )
+        self.wait(
+            lambda: self.mine(self.workers()) is None,
+            f"the router still lists {self.p['worker_url']}",
+            self.p["timeout"],
+        )
 
     def add(self) -> dict:
-        labels = {str(k): str(v) for k, v in self.p['labels'].items()}
-        status, body = http('POST', f'{self.router}/workers', self.p['router_api_key'],
-                            {'url': self.p['worker_url'], 'labels': labels})
+        labels = {str(k): str(v) for k, v in self.p["labels"].items()}
+        status, body = http(
+            "POST",
+            f"{self.router}/workers",
+            self.p["router_api_key"],
+            {"url": self.p["worker_url"], "labels": labels},
+        )
         if status != 202:
-            raise RouterError(f"router {self.router} refused POST /workers ({self.p['worker_url']}): "
-                              f"{status} {str(body)[:300]}")
+            raise RouterError(
+                f"router {self.router} refused POST /workers ({self.p['worker_url']}): "
+                f"{status} {str(body)[:300]}"
+            )
 
         def ready():
             worker = self.mine(self.workers())
-            if worker and worker.get('status') == 'ready' and self.labelled(worker):
+            if worker and worker.get("status") == "ready" and self.labelled(worker):
                 return worker
             self.last = worker
             return None
 
         self.last = None
         try:
-            return self.wait(ready, f"{self.p['worker_url']} did not become ready with labels {labels}",
-                             self.p['timeout'])
+            return self.wait(
+                ready, f"{self.p['worker_url']} did not become ready with labels {labels}", self.p["timeout"]
+            )
         except RouterError as err:
-            seen = self.last.get('status') if self.last else 'not listed'
-            raise RouterError(f'{err}; last seen: {seen}') from None
+            seen = self.last.get("status") if self.last else "not listed"
+            raise RouterError(f"{err}; last seen: {seen}") from None
 
     def labelled(self, worker: dict) -> bool:
-        have = worker.get('labels') or {}
-        return all(str(have.get(k)) == str(v) for k, v in self.p['labels'].items())
+        have = worker.get("labels") or {}
+        return all(str(have.get(k)) == str(v) for k, v in self.p["labels"].items())
 
     def inflight(self) -> int:
         url = f"{self.p['worker_url'].rstrip('/')}/v1/loads?include=core"
-        status, body = http('GET', url, self.p['worker_api_key'])
-        if status != 200 or not isinstance(body, dict) or not isinstance(body.get('loads'), list):
-            raise RouterError(f'worker answered GET /v1/loads?include=core with {status}: {str(body)[:300]}')
-        return sum(int(load.get('num_running_reqs', 0)) + int(load.get('num_waiting_reqs', 0))
-                   for load in body['loads'])
+        status, body = http("GET", url, self.p["worker_api_key"])
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("loads"), list):
+            raise RouterError(f"worker answered GET /v1/loads?include=core with {status}: {str(body)[:300]}")
+        return sum(
+            int(load.get("num_running_reqs", 0)) + int(load.get("num_waiting_reqs", 0))
+            for load in body["loads"]
+        )
 
     def absent(self) -> None:
         workers = self.workers()
         worker = self.mine(workers)
         if worker is None:
-            self.result.update(status='absent', drained=True)
+            self.result.update(status="absent", drained=True)
             return
-        self.result['worker_id'] = worker.get('id')
-        others = sum(1 for w in workers if w is not worker and w.get('status') == 'ready')
-        if others < self.p['min_ready_workers']:
-            raise RouterError(f"refusing to take {self.p['worker_url']} out of the router: {others} other "
-                              f"worker(s) ready, fewer than min_ready_workers={self.p['min_ready_workers']}")
-        self.result['changed'] = True
+        self.result["worker_id"] = worker.get("id")
+        others = sum(1 for w in workers if w is not worker and w.get("status") == "ready")
+        if others < self.p["min_ready_workers"]:
+            raise RouterError(
+                f"refusing to take {self.p['worker_url']} out of the router: {others} other "
+                f"worker(s) ready, fewer than min_ready_workers={self.p['min_ready_workers']}"
+            )
+        self.result["changed"] = True
         if self.check_mode:
-            self.result['status'] = worker.get('status')
+            self.result["status"] = worker.get("status")
             return
         self.remove(worker)
-        self.result['status'] = 'absent'
+        self.result["status"] = "absent"
         start = time.monotonic()
-        deadline = start + self.p['drain_timeout']
+        deadline = start + self.p["drain_timeout"]
         while (left := self.inflight()) > 0 and time.monotonic() < deadline:
-            time.sleep(self.p['poll_interval'])
-        self.result['drain_seconds'] = round(time.monotonic() - start, 3)
+            time.sleep(self.p["poll_interval"])
+        self.result["drain_seconds"] = round(time.monotonic() - start, 3)
         if left == 0:
-            self.result['drained'] = True
+            self.result["drained"] = True
             return
-        if self.p['drain_policy'] == 'force':
-            self.result['requests_cut'] = left
+        if self.p["drain_policy"] == "force":
+            self.result["requests_cut"] = left
             return
         self.add()
-        self.result['status'] = 'ready'
-        raise RouterError(f"{self.p['worker_url']} still had {left} request(s) in flight after "
-                          f"drain_timeout={self.p['drain_timeout']:g} s; re-added to the router untouched "
-                          "(drain_policy=fail)")
+        self.result["status"] = "ready"
+        raise RouterError(
+            f"{self.p['worker_url']} still had {left} request(s) in flight after "
+            f"drain_timeout={self.p['drain_timeout']:g} s; re-added to the router untouched "
+            "(drain_policy=fail)"
+        )
 
     def present(self) -> None:
         worker = self.mine(self.workers())
-        if worker and worker.get('status') == 'ready' and self.labelled(worker):
-            self.result.update(status='ready', worker_id=worker.get('id'), labels=worker.get('labels'))
+        if worker and worker.get("status") == "ready" and self.labelled(worker):
+            self.result.update(status="ready", worker_id=worker.get("id"), labels=worker.get("labels"))
             return
-        self.result['changed'] = True
+        self.result["changed"] = True
         if self.check_mode:
-            self.result['status'] = worker.get('status') if worker else 'absent'
+            self.result["status"] = worker.get("status") if worker else "absent"
             return
         if worker is not None:  # stale labels (a restart in place) or not ready: remove, then add anew
             self.remove(worker)
         worker = self.add()
-        self.result.update(status='ready', worker_id=worker.get('id'), labels=worker.get('labels'))
+        self.result.update(status="ready", worker_id=worker.get("id"), labels=worker.get("labels"))
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            'router_url': {'type': 'str', 'required': True},
-            'router_api_key': {'type': 'str', 'default': '', 'no_log': True},
-            'worker_url': {'type': 'str', 'required': True},
-            'worker_api_key': {'type': 'str', 'default': '', 'no_log': True},
-            'state': {'type': 'str', 'choices': ['absent', 'present'], 'required': True},
-            'labels': {'type': 'dict', 'default': {}},
-            'drain_timeout': {'type': 'float', 'default': 300},
-            'drain_policy': {'type': 'str', 'choices': ['fail', 'force'], 'default': 'fail'},
-            'min_ready_workers': {'type': 'int', 'default': 1},
-            'timeout': {'type': 'float', 'default': 120},
-            'poll_interval': {'type': 'float', 'default': 1},
+            "router_url": {"type": "str", "required": True},
+            "router_api_key": {"type": "str", "default": "", "no_log": True},
+            "worker_url": {"type": "str", "required": True},
+            "worker_api_key": {"type": "str", "default": "", "no_log": True},
+            "state": {"type": "str", "choices": ["absent", "present"], "required": True},
+            "labels": {"type": "dict", "default": {}},
+            "drain_timeout": {"type": "float", "default": 300},
+            "drain_policy": {"type": "str", "choices": ["fail", "force"], "default": "fail"},
+            "min_ready_workers": {"type": "int", "default": 1},
+            "timeout": {"type": "float", "default": 120},
+            "poll_interval": {"type": "float", "default": 1},
         },
         supports_check_mode=True,
     )
     p = module.params
-    for name in ('router_url', 'worker_url'):
-        if not p[name].startswith(('http://', 'https://')):
-            module.fail_json(msg=f'{name} must be an http:// or https:// URL, got {p[name]!r}')
-    for name in ('drain_timeout', 'timeout', 'poll_interval', 'min_ready_workers'):
+    for name in ("router_url", "worker_url"):
+        if not p[name].startswith(("http://", "https://")):
+            module.fail_json(msg=f"{name} must be an http:// or https:// URL, got {p[name]!r}")
+    for name in ("drain_timeout", "timeout", "poll_interval", "min_ready_workers"):
         if p[name] < 0:
-            module.fail_json(msg=f'{name} must be >= 0, got {p[name]}')
+            module.fail_json(msg=f"{name} must be >= 0, got {p[name]}")
     member = Member(p, module.check_mode)
     try:
-        member.present() if p['state'] == 'present' else member.absent()
+        member.present() if p["state"] == "present" else member.absent()
     except RouterError as err:
         module.fail_json(msg=str(err), **member.result)
     module.exit_json(**member.result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

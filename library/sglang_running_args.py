@@ -5,7 +5,7 @@
 # code that reads the three sources and compares them is 382 lines.
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_running_args
 short_description: Assert that the running SGLang server uses the intended arguments
@@ -114,9 +114,9 @@ attributes:
     support: none
 notes:
   - Needs root (or the systemd-journal group) to read the unit's journal and C(journalctl --sync).
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Assert the running server uses the deployed arguments
   sglang_running_args:
     port: "{{ sglang_port }}"
@@ -127,9 +127,9 @@ EXAMPLES = r'''
     require_window: "{{ sglang_speculative_draft_window_size is not none }}"
     secret_values: "{{ [sglang_api_key] if sglang_api_key else [] }}"
   no_log: false
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 reported:
   description: Managed keys as each source reports them (secrets redacted); sources absent on failure to read.
   returned: always
@@ -179,7 +179,7 @@ msg:
   description: Summary; on failure the readable multi-line diff.
   returned: always
   type: str
-'''
+"""
 
 import json  # noqa: E402
 
@@ -212,18 +212,18 @@ from ansible.module_utils.sglang_systemd import SystemctlError, as_int, show  # 
 
 
 def _proc_parts(pid, name):
-    with open(f'/proc/{int(pid)}/{name}', 'rb') as fh:
+    with open(f"/proc/{int(pid)}/{name}", "rb") as fh:
         raw = fh.read()
-    return [part.decode('utf-8', errors='replace') for part in raw.split(b'\0') if part]
+    return [part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part]
 
 
 def read_cmdline(pid):
-    return _proc_parts(pid, 'cmdline')
+    return _proc_parts(pid, "cmdline")
 
 
 def read_environ(pid):
     """The process's environment as it started (``/proc/<pid>/environ``; root only)."""
-    return dict(part.split('=', 1) for part in _proc_parts(pid, 'environ') if '=' in part)
+    return dict(part.split("=", 1) for part in _proc_parts(pid, "environ") if "=" in part)
 
 
 def secret_values_of(sources):
@@ -242,7 +242,7 @@ def managed_view(data, expected):
     for key in expected:
         ok, value, name = lookup(data, key)
         if ok:
-            out[key if name == key else f'{key} (as {name})'] = value
+            out[key if name == key else f"{key} (as {name})"] = value
     return out
 
 
@@ -252,56 +252,59 @@ def check_window(expected, running_algo, messages, runner, require_window, evide
     want = expected.get(WINDOW_KEY)
     if want is None:
         if require_window:
-            problems.append(f'require_window is set but expected has no {WINDOW_KEY}')
+            problems.append(f"require_window is set but expected has no {WINDOW_KEY}")
         return problems
     # The draft runner's line is what the running worker uses; a resolution-time warning that the
     # window "has no effect" is contradicted by it (PR #29907 warns so for DDTREE, whose DFlash-based
     # worker does use the window: tests/fixtures/ddtree/SOURCE.md).
-    proven = (runner is not None and _same_int(runner.get('draft_window_size'), want)
-              and runner.get('compact_cache') is True)
+    proven = (
+        runner is not None
+        and _same_int(runner.get("draft_window_size"), want)
+        and runner.get("compact_cache") is True
+    )
     for text in messages:
         if any(marker in text for marker in WINDOW_IGNORED_MESSAGES):
             if proven:
-                evidence['warnings'].append(
+                evidence["warnings"].append(
                     f"SGLang warned '{text.strip()}', but this invocation's {runner['runner']} reports "
                     f"draft_window_size={want}, compact_cache=True: the running worker uses the window"
                 )
             else:
                 problems.append(
-                    f'{WINDOW_KEY}: SGLang reports it ignores the window in this invocation: {text.strip()}'
+                    f"{WINDOW_KEY}: SGLang reports it ignores the window in this invocation: {text.strip()}"
                 )
     algo = str(running_algo).upper() if running_algo else running_algo
     support = window_support(algo)
-    if support == 'sometimes':
+    if support == "sometimes":
         msg = (
-            f'{WINDOW_KEY}={want} with speculative_algorithm={algo}: honoured only by Llama EAGLE-3 and the '
-            'triton/flashinfer draft backends; SGLang may ignore it silently'
+            f"{WINDOW_KEY}={want} with speculative_algorithm={algo}: honoured only by Llama EAGLE-3 and the "
+            "triton/flashinfer draft backends; SGLang may ignore it silently"
         )
         if require_window:
-            problems.append(msg + ' (require_window is set)')
+            problems.append(msg + " (require_window is set)")
         else:
-            evidence['warnings'].append(msg)
-    elif support != 'honoured':
+            evidence["warnings"].append(msg)
+    elif support != "honoured":
         problems.append(
-            f'{WINDOW_KEY}={want} has no effect with speculative_algorithm={algo} '
-            '(SGLang honours the window for DFLASH and DDTREE, and EAGLE/EAGLE3 on some draft backends)'
+            f"{WINDOW_KEY}={want} has no effect with speculative_algorithm={algo} "
+            "(SGLang honours the window for DFLASH and DDTREE, and EAGLE/EAGLE3 on some draft backends)"
         )
     if runner is not None:
-        name = runner['runner']
-        if not _same_int(runner.get('draft_window_size'), want):
+        name = runner["runner"]
+        if not _same_int(runner.get("draft_window_size"), want):
             problems.append(
                 f"{WINDOW_KEY}: expected {want}, {name} reports "
                 f"draft_window_size={runner.get('draft_window_size')} (journal runner line)"
             )
-        elif runner.get('compact_cache') is not True:
+        elif runner.get("compact_cache") is not True:
             problems.append(
                 f"{WINDOW_KEY}: {name} reports compact_cache={runner.get('compact_cache')} "
-                'with a window set (journal runner line)'
+                "with a window set (journal runner line)"
             )
-    elif require_window and support == 'honoured':
+    elif require_window and support == "honoured":
         problems.append(
             f'{WINDOW_KEY}: no "Initialized {line_name}" line in this invocation\'s journal; '
-            'the window cannot be shown to be in effect (require_window is set)'
+            "the window cannot be shown to be in effect (require_window is set)"
         )
     return problems
 
@@ -310,15 +313,18 @@ def check_key_required(base, path, timeout, evidence):
     """With the intended key the server answered; without any key it must refuse (401/403): then it runs
     with THAT key (SGLang compares the Bearer key exactly), proven without the key ever being shown."""
     try:
-        status, _ = get_json(base.rstrip('/') + path, api_key=None, timeout=timeout)
+        status, _ = get_json(base.rstrip("/") + path, api_key=None, timeout=timeout)
     except HttpError as exc:
-        return [f'GET {path} without the API key: {exc}']
-    evidence['key_required'] = (f'required: GET {path} answered 200 with the intended key, '
-                                f'{status} without a key')
+        return [f"GET {path} without the API key: {exc}"]
+    evidence["key_required"] = (
+        f"required: GET {path} answered 200 with the intended key, {status} without a key"
+    )
     if status in (401, 403):
         return []
-    return [f'GET {path} without the API key returned {status}, not 401: the running server does not '
-            'require the intended API key (it was started without --api-key, or its --config file lacks it)']
+    return [
+        f"GET {path} without the API key returned {status}, not 401: the running server does not "
+        "require the intended API key (it was started without --api-key, or its --config file lacks it)"
+    ]
 
 
 def _same_int(a, b):
@@ -330,28 +336,28 @@ def _same_int(a, b):
 
 def run(module):
     p = module.params
-    expected = {canonical_key(k): v for k, v in (p['expected'] or {}).items()}
-    diff, evidence = [], {'warnings': [], 'ignored': [], 'notes': []}
+    expected = {canonical_key(k): v for k, v in (p["expected"] or {}).items()}
+    diff, evidence = [], {"warnings": [], "ignored": [], "notes": []}
     reported, raw_sources = {}, []
-    result = {'changed': False, 'reported': reported, 'diff': diff, 'source': '', 'evidence': evidence}
+    result = {"changed": False, "reported": reported, "diff": diff, "source": "", "evidence": evidence}
     failures = []
 
     try:
         props = show(
-            module, p['unit'], ('InvocationID', 'MainPID', 'ExecMainStartTimestampMonotonic', 'ActiveState')
+            module, p["unit"], ("InvocationID", "MainPID", "ExecMainStartTimestampMonotonic", "ActiveState")
         )
     except SystemctlError as exc:
         return result, [str(exc)], raw_sources
-    current = (props.get('InvocationID') or '').replace('-', '').lower()
-    main_pid = as_int(props.get('MainPID'))
-    start_us = as_int(props.get('ExecMainStartTimestampMonotonic')) or None
-    wanted = (p['invocation_id'] or current).replace('-', '').lower()
+    current = (props.get("InvocationID") or "").replace("-", "").lower()
+    main_pid = as_int(props.get("MainPID"))
+    start_us = as_int(props.get("ExecMainStartTimestampMonotonic")) or None
+    wanted = (p["invocation_id"] or current).replace("-", "").lower()
     evidence.update(
         {
-            'invocation_id': wanted,
-            'main_pid': main_pid,
-            'unit': p['unit'],
-            'active_state': props.get('ActiveState', ''),
+            "invocation_id": wanted,
+            "main_pid": main_pid,
+            "unit": p["unit"],
+            "active_state": props.get("ActiveState", ""),
         }
     )
     if not current or main_pid <= 0:
@@ -368,33 +374,33 @@ def run(module):
             result,
             [
                 f"unit {p['unit']} now runs invocation {current}, not {wanted} (invocation_id): "
-                'the server restarted after it was verified'
+                "the server restarted after it was verified"
             ],
             raw_sources,
         )
 
     # 1. HTTP
     try:
-        status, body, path, attempts = server_info(base_url(p['host'], p['port']), p['api_key'], p['timeout'])
-        result['source'] = path
-        evidence['http_attempts'] = [f'{a} -> {s}' for a, s in attempts]
+        status, body, path, attempts = server_info(base_url(p["host"], p["port"]), p["api_key"], p["timeout"])
+        result["source"] = path
+        evidence["http_attempts"] = [f"{a} -> {s}" for a, s in attempts]
         if status in (401, 403):
             hint = (
-                'no api_key was given but the server requires one (--api-key)'
-                if not p['api_key']
-                else 'the server rejected the api_key'
+                "no api_key was given but the server requires one (--api-key)"
+                if not p["api_key"]
+                else "the server rejected the api_key"
             )
-            failures.append(f'GET {path} returned {status}: {hint}')
+            failures.append(f"GET {path} returned {status}: {hint}")
         elif status != 200 or not isinstance(body, dict):
-            failures.append(f'GET {path} returned {status}, not a JSON object: {str(body)[:200]}')
+            failures.append(f"GET {path} returned {status}, not a JSON object: {str(body)[:200]}")
         else:
-            if p['api_key']:
-                failures += check_key_required(base_url(p['host'], p['port']), path, p['timeout'], evidence)
+            if p["api_key"]:
+                failures += check_key_required(base_url(p["host"], p["port"]), path, p["timeout"], evidence)
             raw_sources.append(body)
-            reported['server_info'] = managed_view(body, expected)
-            if p['full_server_info']:
-                result['server_info'] = body
-            diff += compare(expected, body, f'{path}')
+            reported["server_info"] = managed_view(body, expected)
+            if p["full_server_info"]:
+                result["server_info"] = body
+            diff += compare(expected, body, f"{path}")
     except HttpError as exc:
         failures.append(str(exc))
 
@@ -402,147 +408,170 @@ def run(module):
     messages_text, runners, journal_args = [], {}, None
     try:
         entries, notes = read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
-        evidence['notes'] += notes
-        evidence['journal_entries'] = len(entries)
+        evidence["notes"] += notes
+        evidence["journal_entries"] = len(entries)
         accepted = []
         for entry in entries:
-            text = message_text(entry.get('MESSAGE'))
+            text = message_text(entry.get("MESSAGE"))
             messages_text.append(text)
             if MARKER in text:
-                pid = as_int(entry.get('_PID'))
+                pid = as_int(entry.get("_PID"))
                 if pid != main_pid:
-                    evidence['ignored'].append(
-                        f'server_args line from PID {pid} ignored: not MainPID {main_pid} '
-                        '(left over from an older run?)'
+                    evidence["ignored"].append(
+                        f"server_args line from PID {pid} ignored: not MainPID {main_pid} "
+                        "(left over from an older run?)"
                     )
                     continue
                 accepted.append(text)
             found = parse_draft_runner(text)
             if found is not None:
-                runners[found['runner']] = found
-        evidence['runners'] = runners
+                runners[found["runner"]] = found
+        evidence["runners"] = runners
         if not accepted:
             failures.append(
-                f'no server_args= line from MainPID {main_pid} in the journal of invocation {wanted} '
+                f"no server_args= line from MainPID {main_pid} in the journal of invocation {wanted} "
                 f"(journalctl _SYSTEMD_INVOCATION_ID={wanted}); is --log-level above info?"
             )
         else:
             parsed = [parse_server_args(t) for t in accepted]
-            if len({json.dumps(x['args'], sort_keys=True, default=str) for x in parsed}) > 1:
-                failures.append(f'{len(parsed)} different server_args= lines in invocation {wanted}')
-            journal_args = parsed[-1]['args']
-            evidence['server_args_form'] = parsed[-1]['form']
-            evidence['server_args_partial'] = parsed[-1]['partial']
+            if len({json.dumps(x["args"], sort_keys=True, default=str) for x in parsed}) > 1:
+                failures.append(f"{len(parsed)} different server_args= lines in invocation {wanted}")
+            journal_args = parsed[-1]["args"]
+            evidence["server_args_form"] = parsed[-1]["form"]
+            evidence["server_args_partial"] = parsed[-1]["partial"]
             raw_sources.append(journal_args)
-            reported['journal'] = managed_view(journal_args, expected)
-            diff += compare(expected, journal_args, f'journal server_args, invocation {wanted}')
+            reported["journal"] = managed_view(journal_args, expected)
+            diff += compare(expected, journal_args, f"journal server_args, invocation {wanted}")
     except (JournalError, ServerArgsParseError) as exc:
         failures.append(str(exc))
 
     # 3. /proc/<MainPID>/cmdline
     try:
         argv = read_cmdline(main_pid)
-        settings = read_argv(argv, p['flag_dests'])
+        settings = read_argv(argv, p["flag_dests"])
         raw_sources.append(settings)
-        reported['cmdline'] = managed_view(settings, expected)
+        reported["cmdline"] = managed_view(settings, expected)
         present = {k: v for k, v in expected.items() if lookup(settings, k)[0]}
-        diff += compare(present, settings, f'/proc/{main_pid}/cmdline')
+        diff += compare(present, settings, f"/proc/{main_pid}/cmdline")
     except OSError as exc:
-        failures.append(f'cannot read /proc/{main_pid}/cmdline: {exc.strerror}')
+        failures.append(f"cannot read /proc/{main_pid}/cmdline: {exc.strerror}")
 
     # 4. knobs the build reads from the environment: the RUNNING process's, not the env file's
-    if p['expected_env']:
+    if p["expected_env"]:
         try:
             environ = read_environ(main_pid)
-            reported['environ'] = {name: environ.get(name) for name in p['expected_env']}
-            for name, want in sorted(p['expected_env'].items()):
+            reported["environ"] = {name: environ.get(name) for name in p["expected_env"]}
+            for name, want in sorted(p["expected_env"].items()):
                 if name not in environ:
-                    diff.append(f'{name}: expected {want}, not in the environment of MainPID {main_pid} '
-                                f'(/proc/{main_pid}/environ)')
+                    diff.append(
+                        f"{name}: expected {want}, not in the environment of MainPID {main_pid} "
+                        f"(/proc/{main_pid}/environ)"
+                    )
                 elif not values_equal(name, want, environ[name]):
                     diff.append(
-                        f'{name}: expected {want}, running {environ[name]} (/proc/{main_pid}/environ)'
+                        f"{name}: expected {want}, running {environ[name]} (/proc/{main_pid}/environ)"
                     )
         except OSError as exc:
-            failures.append(f'cannot read /proc/{main_pid}/environ: {exc.strerror} (needs root)')
+            failures.append(f"cannot read /proc/{main_pid}/environ: {exc.strerror} (needs root)")
 
     # window evidence
-    algo_source = journal_args if journal_args is not None else reported.get('server_info') or {}
-    running_algo = lookup(algo_source, 'speculative_algorithm')[1]
-    lines = dict({'window': f'{str(running_algo).upper()} draft runner', 'budget': None}, **p['runner_lines'])
-    runner = runners.get(lines['window'] or '')
-    evidence['runner'] = runner
-    diff += check_window(expected, running_algo, messages_text, runner, p['require_window'], evidence,
-                         lines['window'])
-    budget_line = runners.get(lines['budget'] or '')
+    algo_source = journal_args if journal_args is not None else reported.get("server_info") or {}
+    running_algo = lookup(algo_source, "speculative_algorithm")[1]
+    lines = dict({"window": f"{str(running_algo).upper()} draft runner", "budget": None}, **p["runner_lines"])
+    runner = runners.get(lines["window"] or "")
+    evidence["runner"] = runner
+    diff += check_window(
+        expected, running_algo, messages_text, runner, p["require_window"], evidence, lines["window"]
+    )
+    budget_line = runners.get(lines["budget"] or "")
     if budget_line is not None and BUDGET_KEY in expected:
-        if _same_int(budget_line.get('tree_budget'), expected[BUDGET_KEY]):
-            evidence['budget_runner'] = budget_line
+        if _same_int(budget_line.get("tree_budget"), expected[BUDGET_KEY]):
+            evidence["budget_runner"] = budget_line
         else:
-            diff.append(f"{BUDGET_KEY}: expected {expected[BUDGET_KEY]}, {lines['budget']} reports "
-                        f"tree_budget={budget_line.get('tree_budget')} (journal runner line)")
-    evidence['window_messages'] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED_MESSAGES)]
-    result['read_from'] = read_from(expected, p['expected_env'], reported, runner, result['source'], main_pid,
-                                    evidence.get('budget_runner'))
-    wanted_values = dict(expected, **p['expected_env'])
-    result['summary'] = {
+            diff.append(
+                f"{BUDGET_KEY}: expected {expected[BUDGET_KEY]}, {lines['budget']} reports "
+                f"tree_budget={budget_line.get('tree_budget')} (journal runner line)"
+            )
+    evidence["window_messages"] = [t for t in messages_text if any(m in t for m in WINDOW_IGNORED_MESSAGES)]
+    result["read_from"] = read_from(
+        expected,
+        p["expected_env"],
+        reported,
+        runner,
+        result["source"],
+        main_pid,
+        evidence.get("budget_runner"),
+    )
+    wanted_values = dict(expected, **p["expected_env"])
+    result["summary"] = {
         key: f"{wanted_values[key]} (from {', '.join(sources) or 'no source'})"
-        for key, sources in sorted(result['read_from'].items())
-        if key.startswith('speculative_') or key in p['expected_env']
+        for key, sources in sorted(result["read_from"].items())
+        if key.startswith("speculative_") or key in p["expected_env"]
     }
     return result, failures, raw_sources
 
 
 def read_from(expected, expected_env, reported, runner, http_path, main_pid, budget_runner=None):
     """Which sources reported the intended value of each managed key (for the operator's summary)."""
-    names = {'server_info': http_path or '/server_info', 'journal': 'journal server_args',
-             'cmdline': f'/proc/{main_pid}/cmdline'}
+    names = {
+        "server_info": http_path or "/server_info",
+        "journal": "journal server_args",
+        "cmdline": f"/proc/{main_pid}/cmdline",
+    }
     out = {}
     for key, want in expected.items():
-        out[key] = [label for source, label in names.items()
-                    if any(canonical_key(k.split(' (as ')[0]) == key and values_equal(key, want, v)
-                           for k, v in (reported.get(source) or {}).items())]
-    if runner is not None and WINDOW_KEY in expected and _same_int(runner.get('draft_window_size'),
-                                                                 expected[WINDOW_KEY]):
-        out[WINDOW_KEY].append(runner['runner'])
+        out[key] = [
+            label
+            for source, label in names.items()
+            if any(
+                canonical_key(k.split(" (as ")[0]) == key and values_equal(key, want, v)
+                for k, v in (reported.get(source) or {}).items()
+            )
+        ]
+    if (
+        runner is not None
+        and WINDOW_KEY in expected
+        and _same_int(runner.get("draft_window_size"), expected[WINDOW_KEY])
+    ):
+        out[WINDOW_KEY].append(runner["runner"])
     if budget_runner is not None:
-        out[BUDGET_KEY].append(budget_runner['runner'])
+        out[BUDGET_KEY].append(budget_runner["runner"])
     for name, want in expected_env.items():
-        running = (reported.get('environ') or {}).get(name)
-        out[name] = [f'/proc/{main_pid}/environ'] if values_equal(name, want, running) else []
+        running = (reported.get("environ") or {}).get(name)
+        out[name] = [f"/proc/{main_pid}/environ"] if values_equal(name, want, running) else []
     return out
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            host=dict(type='str', default='127.0.0.1'),
-            port=dict(type='int', required=True),
-            api_key=dict(type='str', no_log=True),
-            unit=dict(type='str', default='sglang.service'),
-            invocation_id=dict(type='str'),
-            expected=dict(type='dict', required=True),
-            require_window=dict(type='bool', default=False),
-            secret_values=dict(type='list', elements='str', default=[], no_log=True),
-            flag_dests=dict(type='dict'),
-            expected_env=dict(type='dict', default={}),
-            runner_lines=dict(type='dict', default={}),
-            timeout=dict(type='float', default=10),
-            full_server_info=dict(type='bool', default=False),
+            host=dict(type="str", default="127.0.0.1"),
+            port=dict(type="int", required=True),
+            api_key=dict(type="str", no_log=True),
+            unit=dict(type="str", default="sglang.service"),
+            invocation_id=dict(type="str"),
+            expected=dict(type="dict", required=True),
+            require_window=dict(type="bool", default=False),
+            secret_values=dict(type="list", elements="str", default=[], no_log=True),
+            flag_dests=dict(type="dict"),
+            expected_env=dict(type="dict", default={}),
+            runner_lines=dict(type="dict", default={}),
+            timeout=dict(type="float", default=10),
+            full_server_info=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     result, failures, raw_sources = run(module)
-    secrets = set(module.params['secret_values'] or [])
-    if module.params['api_key']:
-        secrets.add(module.params['api_key'])
+    secrets = set(module.params["secret_values"] or [])
+    if module.params["api_key"]:
+        secrets.add(module.params["api_key"])
     secrets |= secret_values_of(raw_sources)
-    problems = failures + result['diff']
+    problems = failures + result["diff"]
     if problems:
-        result['msg'] = 'running SGLang arguments do not match the intended ones:\n' + '\n'.join(problems)
-        result['failures'] = failures
+        result["msg"] = "running SGLang arguments do not match the intended ones:\n" + "\n".join(problems)
+        result["failures"] = failures
     else:
-        result['msg'] = (
+        result["msg"] = (
             f"{len(module.params['expected'] or {})} managed key(s) agree in "
             f"{', '.join(sorted(result['reported']))} "
             f"for invocation {result['evidence'].get('invocation_id')}"
@@ -553,5 +582,5 @@ def main():
     module.exit_json(**result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_settings_check
 short_description: Check the sglang role's settings, the command-line knobs or sweep points on the controller
@@ -55,16 +55,16 @@ attributes:
     support: full
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Check the command-line knobs
   sglang_settings_check:
     knobs:
       window: "4096"
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 errors:
   description: Every broken rule, one sentence each, naming the setting.
   returned: always
@@ -75,4 +75,4 @@ rejected:
   description: With O(points), point name -> why the build cannot honour it.
   returned: with points
   type: dict
-'''
+"""

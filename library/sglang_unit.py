@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_unit
 short_description: Install the SGLang unit, environment and config file (validated, atomic) and load them
@@ -68,9 +68,9 @@ attributes:
   diff_mode:
     support: partial
     details: The unit file only; the environment and config files are never diffed.
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Install the unit and the environment file
   sglang_unit:
     name: sglang.service
@@ -80,9 +80,9 @@ EXAMPLES = r'''
     env_content: "{{ lookup('ansible.builtin.template', 'etc/sglang/sglang.env.j2') }}"
     previous_dir: /var/lib/sglang-deploy/previous
   register: __sglang_files
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 unit_changed:
   description: The unit file was (or in check mode would be) replaced.
   type: bool
@@ -107,7 +107,7 @@ status:
   description: C(systemctl show) properties of the unit after the call (before it, in check mode).
   type: dict
   returned: always
-'''
+"""
 
 import grp
 import os
@@ -121,10 +121,18 @@ from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 STATUS_PROPERTIES = (
-    'LoadState', 'ActiveState', 'SubState', 'UnitFileState', 'NeedDaemonReload', 'InvocationID',
-    'MainPID', 'FragmentPath', 'DropInPaths', 'Result',
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "UnitFileState",
+    "NeedDaemonReload",
+    "InvocationID",
+    "MainPID",
+    "FragmentPath",
+    "DropInPaths",
+    "Result",
 )
-C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
+C_ENV = {"LANG": "C", "LC_ALL": "C"}
 
 
 def read_current(path, mode, gid=0):
@@ -135,18 +143,18 @@ def read_current(path, mode, gid=0):
         return None, False
     if not stat.S_ISREG(st.st_mode):
         return None, False
-    with open(path, 'rb') as handle:
+    with open(path, "rb") as handle:
         content = handle.read()
     return content, st.st_uid == 0 and st.st_gid == gid and stat.S_IMODE(st.st_mode) == mode
 
 
 def keep_previous(previous_dir, path, content):
     os.makedirs(previous_dir, mode=0o700, exist_ok=True)
-    replace_file(os.path.join(previous_dir, os.path.basename(path) + '.previous'), content, 0o600)
+    replace_file(os.path.join(previous_dir, os.path.basename(path) + ".previous"), content, 0o600)
 
 
 def systemctl(module, *args):
-    return module.run_command([module.get_bin_path('systemctl', required=True), *args], environ_update=C_ENV)
+    return module.run_command([module.get_bin_path("systemctl", required=True), *args], environ_update=C_ENV)
 
 
 def show(module, name):
@@ -158,14 +166,14 @@ def show(module, name):
 
 def validate_unit(module, name, unit_path, content):
     """Fail (host untouched) when systemd-analyze refuses the new unit (checked in a private tmp dir)."""
-    tmpdir = tempfile.mkdtemp(prefix='sglang-unit.')
+    tmpdir = tempfile.mkdtemp(prefix="sglang-unit.")
     tmp = os.path.join(tmpdir, name)
     try:
-        with open(tmp, 'wb') as handle:
+        with open(tmp, "wb") as handle:
             handle.write(content)
-        analyze = module.get_bin_path('systemd-analyze', required=True)
+        analyze = module.get_bin_path("systemd-analyze", required=True)
         rc, out, err = module.run_command(
-            [analyze, 'verify', '--recursive-errors=no', f'{tmp}:{name}'], environ_update=C_ENV
+            [analyze, "verify", "--recursive-errors=no", f"{tmp}:{name}"], environ_update=C_ENV
         )
     finally:
         os.unlink(tmp)
@@ -173,93 +181,105 @@ def validate_unit(module, name, unit_path, content):
     if rc != 0:
         # systemd-analyze names the unit by the copy it makes in its own temporary directory.
         text = (err + out).replace(tmp, unit_path)
-        text = re.sub(r'\S*/systemd-analyze-[^/\s]+/' + re.escape(name), unit_path, text)
-        text = '\n'.join(line for line in text.splitlines() if line.strip())
+        text = re.sub(r"\S*/systemd-analyze-[^/\s]+/" + re.escape(name), unit_path, text)
+        text = "\n".join(line for line in text.splitlines() if line.strip())
         module.fail_json(
-            msg=f'systemd-analyze verify refused the new {name} (nothing was changed on the host): {text}',
-            unit_changed=False, env_changed=False, config_changed=False, rc=rc,
+            msg=f"systemd-analyze verify refused the new {name} (nothing was changed on the host): {text}",
+            unit_changed=False,
+            env_changed=False,
+            config_changed=False,
+            rc=rc,
         )
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type='str', required=True),
-            unit_path=dict(type='path', required=True),
-            unit_content=dict(type='str', required=True),
-            env_path=dict(type='path', required=True),
-            env_content=dict(type='str', required=True, no_log=True),
-            config_path=dict(type='path'),
-            config_content=dict(type='str', no_log=True),
-            config_group=dict(type='str'),
-            previous_dir=dict(type='path', required=True),
+            name=dict(type="str", required=True),
+            unit_path=dict(type="path", required=True),
+            unit_content=dict(type="str", required=True),
+            env_path=dict(type="path", required=True),
+            env_content=dict(type="str", required=True, no_log=True),
+            config_path=dict(type="path"),
+            config_content=dict(type="str", no_log=True),
+            config_group=dict(type="str"),
+            previous_dir=dict(type="path", required=True),
         ),
-        required_by={'config_path': ('config_content', 'config_group')},
+        required_by={"config_path": ("config_content", "config_group")},
         supports_check_mode=True,
     )
     p = module.params
-    name = p['name']
+    name = p["name"]
     files = {
-        'unit': (p['unit_path'], p['unit_content'].encode('utf-8'), 0o644, 0),
-        'env': (p['env_path'], p['env_content'].encode('utf-8'), 0o600, 0),
+        "unit": (p["unit_path"], p["unit_content"].encode("utf-8"), 0o644, 0),
+        "env": (p["env_path"], p["env_content"].encode("utf-8"), 0o600, 0),
     }
-    if p['config_path']:
+    if p["config_path"]:
         try:
-            gid = grp.getgrnam(p['config_group']).gr_gid
+            gid = grp.getgrnam(p["config_group"]).gr_gid
         except KeyError:
-            module.fail_json(msg=f"config_group: no group {p['config_group']!r} on the host (nothing was "
-                                 "changed)", unit_changed=False, env_changed=False, config_changed=False)
-        files['config'] = (p['config_path'], p['config_content'].encode('utf-8'), 0o640, gid)
+            module.fail_json(
+                msg=f"config_group: no group {p['config_group']!r} on the host (nothing was changed)",
+                unit_changed=False,
+                env_changed=False,
+                config_changed=False,
+            )
+        files["config"] = (p["config_path"], p["config_content"].encode("utf-8"), 0o640, gid)
     current = {key: read_current(path, mode, gid) for key, (path, _, mode, gid) in files.items()}
     changed_files = [
-        key for key, (path, content, mode, gid) in files.items()
+        key
+        for key, (path, content, mode, gid) in files.items()
         if current[key][0] != content or not current[key][1]
     ]
     before = show(module, name)
-    need_reload = 'unit' in changed_files or before.get('NeedDaemonReload') == 'yes'
-    need_enable = before.get('UnitFileState') != 'enabled'
+    need_reload = "unit" in changed_files or before.get("NeedDaemonReload") == "yes"
+    need_enable = before.get("UnitFileState") != "enabled"
 
     result = dict(
         changed=bool(changed_files or need_reload or need_enable),
-        unit_changed='unit' in changed_files,
-        env_changed='env' in changed_files,
-        config_changed='config' in changed_files,
+        unit_changed="unit" in changed_files,
+        env_changed="env" in changed_files,
+        config_changed="config" in changed_files,
         daemon_reloaded=need_reload,
         enabled_now=need_enable,
     )
-    if module._diff and 'unit' in changed_files:
-        old = current['unit'][0]
-        result['diff'] = dict(
-            before_header=p['unit_path'], after_header=p['unit_path'],
-            before='' if old is None else old.decode('utf-8', 'replace'), after=p['unit_content'],
+    if module._diff and "unit" in changed_files:
+        old = current["unit"][0]
+        result["diff"] = dict(
+            before_header=p["unit_path"],
+            after_header=p["unit_path"],
+            before="" if old is None else old.decode("utf-8", "replace"),
+            after=p["unit_content"],
         )
-    unit_path, unit_content, _, _ = files['unit']
-    if 'unit' in changed_files:
+    unit_path, unit_content, _, _ = files["unit"]
+    if "unit" in changed_files:
         validate_unit(module, name, unit_path, unit_content)
     if module.check_mode:
         module.exit_json(status=before, **result)
 
     # The environment and the config file first: a unit that names a new variable or the config
     # file never starts without it.
-    for key in ('env', 'config', 'unit'):
+    for key in ("env", "config", "unit"):
         if key not in changed_files:
             continue
         path, content, mode, gid = files[key]
         if current[key][0] is not None:
-            keep_previous(p['previous_dir'], path, current[key][0])
+            keep_previous(p["previous_dir"], path, current[key][0])
         replace_file(path, content, mode, gid)
     if need_reload:
-        rc, out, err = systemctl(module, 'daemon-reload')
+        rc, out, err = systemctl(module, "daemon-reload")
         if rc != 0:
-            module.fail_json(msg=f'systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}',
-                             **result)
+            module.fail_json(
+                msg=f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}", **result
+            )
     if need_enable:
-        rc, out, err = systemctl(module, 'enable', '--', name)
+        rc, out, err = systemctl(module, "enable", "--", name)
         if rc != 0:
-            module.fail_json(msg=f'systemctl enable {name} failed (rc={rc}): {(err or out).strip()}',
-                             **result)
-    module.exit_json(status=show(module, name) if result['changed'] else before, **result)
+            module.fail_json(
+                msg=f"systemctl enable {name} failed (rc={rc}): {(err or out).strip()}", **result
+            )
+    module.exit_json(status=show(module, name) if result["changed"] else before, **result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -13,7 +13,7 @@ import re
 from ansible.module_utils.sglang_venv import PROBE_SCRIPT, parse_marked, run_python, write_json_atomic
 
 # Runs in the venv's python: builds the real parser like `sglang serve` and dumps it.
-DUMP_SCRIPT = r'''
+DUMP_SCRIPT = r"""
 import argparse, contextlib, importlib.metadata, json, sys
 
 def jsonable(value):
@@ -124,56 +124,61 @@ result = {
     "warnings": warnings,
 }
 print("SGLANG_DEPLOY_RESULT " + json.dumps(result, sort_keys=True))
-'''
+"""
 
 SCRIPT_SHA256 = hashlib.sha256(DUMP_SCRIPT.encode()).hexdigest()
-_SAFE = re.compile(r'[^A-Za-z0-9._+-]')
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 
 def last_line(text):
-    lines = [ln.strip() for ln in (text or '').splitlines() if ln.strip()]
-    return lines[-1] if lines else ''
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def probe(module, python, timeout):
     rc, out, err = run_python(module, python, PROBE_SCRIPT, timeout)
     data = parse_marked(out)
-    if rc != 0 or not data or 'version' not in data:
-        reason = (data or {}).get('error') or last_line(err) or f'rc={rc}'
-        module.fail_json(msg=f'python {python}: cannot read the installed sglang metadata: {reason}',
-                         rc=rc, stderr=err)
+    if rc != 0 or not data or "version" not in data:
+        reason = (data or {}).get("error") or last_line(err) or f"rc={rc}"
+        module.fail_json(
+            msg=f"python {python}: cannot read the installed sglang metadata: {reason}", rc=rc, stderr=err
+        )
     return data
 
 
 def cache_path(cache_dir, meta):
-    version = _SAFE.sub('_', meta['version'])
+    version = _SAFE.sub("_", meta["version"])
     name = f"{version}-{meta['record_sha256'][:16]}-{SCRIPT_SHA256[:8]}.json"
     return os.path.join(cache_dir, name)
 
 
 def read_cache(path, meta):
     try:
-        with open(path, encoding='utf-8') as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get('version') != meta['version'] \
-            or data.get('record_sha256') != meta['record_sha256'] or not data.get('options'):
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != meta["version"]
+        or data.get("record_sha256") != meta["record_sha256"]
+        or not data.get("options")
+    ):
         return None
     return data
 
 
 def write_cache(module, path, data):
-    write_json_atomic(module, path, data, 0o644, 'capabilities cache')
+    write_json_atomic(module, path, data, 0o644, "capabilities cache")
 
 
 def discover(module, python, cache_dir, timeout):
     """(data, cached, cache_file, meta) for the SGLang installed behind ``python``; fails the module
     naming the option when ``python`` or ``timeout`` is unusable."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
-        module.fail_json(msg=f'python: {python} is not an executable file (is the SGLang venv installed?)')
+        module.fail_json(msg=f"python: {python} is not an executable file (is the SGLang venv installed?)")
     if timeout < 1:
-        module.fail_json(msg='timeout: must be at least 1 second')
+        module.fail_json(msg="timeout: must be at least 1 second")
     meta = probe(module, python, timeout)
     path = cache_path(cache_dir, meta)
     cached = read_cache(path, meta)
@@ -182,14 +187,17 @@ def discover(module, python, cache_dir, timeout):
     rc, out, err = run_python(module, python, DUMP_SCRIPT, timeout)
     data = parse_marked(out)
     if rc != 0 or not data:
-        reason = f'timed out after {timeout} s' if rc in (-14, 142) else last_line(err) or f'rc={rc}'
-        module.fail_json(msg=f'python {python}: building SGLang\'s parser failed: {reason}',
-                         rc=rc, stderr=err[-4000:])
-    if data.get('version') != meta['version']:
-        module.fail_json(msg=f"python {python}: sglang version changed during discovery "
-                             f"({meta['version']} -> {data.get('version')}); run again")
-    data['record_sha256'] = meta['record_sha256']
-    data['script_sha256'] = SCRIPT_SHA256
+        reason = f"timed out after {timeout} s" if rc in (-14, 142) else last_line(err) or f"rc={rc}"
+        module.fail_json(
+            msg=f"python {python}: building SGLang's parser failed: {reason}", rc=rc, stderr=err[-4000:]
+        )
+    if data.get("version") != meta["version"]:
+        module.fail_json(
+            msg=f"python {python}: sglang version changed during discovery "
+            f"({meta['version']} -> {data.get('version')}); run again"
+        )
+    data["record_sha256"] = meta["record_sha256"]
+    data["script_sha256"] = SCRIPT_SHA256
     if not module.check_mode:
         write_cache(module, path, data)
     return data, False, path, meta

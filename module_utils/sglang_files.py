@@ -22,10 +22,10 @@ def replace_file(path, data, mode, gid=0):
     root, group ``gid`` (when running as root) is renamed over it, then the directory is fsynced. Either
     the old or the new content is there at any moment, never a partial file; the content is never
     readable beyond ``mode`` (the temporary file is created 0600 and chowned before it is written)."""
-    directory = os.path.dirname(path) or '.'
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.')
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
     try:
-        with os.fdopen(fd, 'wb') as handle:
+        with os.fdopen(fd, "wb") as handle:
             if os.geteuid() == 0:
                 os.fchown(handle.fileno(), 0, gid)
             os.fchmod(handle.fileno(), mode)

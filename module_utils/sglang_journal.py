@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-INVOCATION_FIELDS = ('_SYSTEMD_INVOCATION_ID', 'INVOCATION_ID')
+INVOCATION_FIELDS = ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID")
 
 
 class JournalError(Exception):
@@ -26,13 +26,13 @@ def message_text(value):
     is not valid UTF-8 (or contains control characters); an array of such arrays when a field
     occurs more than once. Invalid bytes are replaced, never dropped silently."""
     if value is None:
-        return ''
+        return ""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         if value and all(isinstance(b, int) for b in value):
-            return bytes(b & 0xFF for b in value).decode('utf-8', errors='replace')
-        return '\n'.join(message_text(v) for v in value)
+            return bytes(b & 0xFF for b in value).decode("utf-8", errors="replace")
+        return "\n".join(message_text(v) for v in value)
     return str(value)
 
 
@@ -43,7 +43,7 @@ def parse_json_lines(text):
     only in short formats, but be tolerant) is counted, not fatal.
     """
     entries, bad = [], 0
-    for line in (text or '').splitlines():
+    for line in (text or "").splitlines():
         line = line.strip()
         if not line:
             continue
@@ -70,44 +70,44 @@ def entry_invocation(entry):
     for field in INVOCATION_FIELDS:
         value = entry.get(field)
         if isinstance(value, str) and value:
-            return value.replace('-', '').lower()
+            return value.replace("-", "").lower()
     return None
 
 
 def _norm_id(invocation_id):
-    return (invocation_id or '').replace('-', '').lower()
+    return (invocation_id or "").replace("-", "").lower()
 
 
 def _sort_key(entry):
     # Monotonic time only orders entries of the same boot; the realtime stamp breaks ties and
     # orders across boots; the cursor string keeps the order stable for equal stamps.
     return (
-        entry.get('_BOOT_ID') or '',
-        _int(entry.get('__MONOTONIC_TIMESTAMP'), 0),
-        _int(entry.get('__REALTIME_TIMESTAMP'), 0),
-        entry.get('__CURSOR') or '',
+        entry.get("_BOOT_ID") or "",
+        _int(entry.get("__MONOTONIC_TIMESTAMP"), 0),
+        _int(entry.get("__REALTIME_TIMESTAMP"), 0),
+        entry.get("__CURSOR") or "",
     )
 
 
 def select_invocation(entries, invocation_id, pids=(), since_monotonic_us=None, boot_id=None):
     """Entries of one invocation, deduplicated by cursor and sorted in time order."""
     want = _norm_id(invocation_id)
-    pid_set = {str(p) for p in pids if p not in (None, '', 0, '0')}
+    pid_set = {str(p) for p in pids if p not in (None, "", 0, "0")}
     seen, out = set(), []
     for entry in entries:
         tagged = entry_invocation(entry)
         match = bool(want) and tagged == want
-        if not match and pid_set and str(entry.get('_PID', '')) in pid_set and tagged in (None, want):
-            if boot_id and entry.get('_BOOT_ID') and entry.get('_BOOT_ID') != boot_id:
+        if not match and pid_set and str(entry.get("_PID", "")) in pid_set and tagged in (None, want):
+            if boot_id and entry.get("_BOOT_ID") and entry.get("_BOOT_ID") != boot_id:
                 match = False
             elif since_monotonic_us is not None:
-                mono = _int(entry.get('__MONOTONIC_TIMESTAMP'))
+                mono = _int(entry.get("__MONOTONIC_TIMESTAMP"))
                 match = mono is not None and mono >= since_monotonic_us
             else:
                 match = True
         if not match:
             continue
-        cursor = entry.get('__CURSOR') or id(entry)
+        cursor = entry.get("__CURSOR") or id(entry)
         if cursor in seen:
             continue
         seen.add(cursor)
@@ -118,7 +118,7 @@ def select_invocation(entries, invocation_id, pids=(), since_monotonic_us=None, 
 
 def messages(entries, last=None):
     """MESSAGE texts of ``entries`` in order; the last ``last`` only when given."""
-    texts = [message_text(e.get('MESSAGE')) for e in entries]
+    texts = [message_text(e.get("MESSAGE")) for e in entries]
     if last is not None and last >= 0:
         texts = texts[-last:] if last else []
     return texts
@@ -133,11 +133,12 @@ def invocation_messages(text_or_entries, invocation_id, pids=(), last=None, sinc
     return messages(select_invocation(entries, invocation_id, pids, since_monotonic_us), last)
 
 
-JOURNAL_ENV = {'LANG': 'C', 'LC_ALL': 'C', 'SYSTEMD_PAGER': '', 'SYSTEMD_COLORS': '0'}
+JOURNAL_ENV = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
 
 
-def read_invocation(module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True,
-                    last=None):
+def read_invocation(
+    module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True, last=None
+):
     """Run journalctl on the target for one invocation (+ its PIDs); return selected entries.
 
     The one journal reader of the modules. With ``sync``, ``journalctl --sync`` first (needs root;
@@ -151,36 +152,36 @@ def read_invocation(module, invocation_id, pids=(), since_monotonic_us=None, jou
     journalctl is missing or fails.
     """
     if not invocation_id:
-        raise JournalError('no InvocationID given: cannot select the current invocation\'s journal lines')
-    journalctl = journalctl or module.get_bin_path('journalctl')
+        raise JournalError("no InvocationID given: cannot select the current invocation's journal lines")
+    journalctl = journalctl or module.get_bin_path("journalctl")
     if not journalctl:
-        raise JournalError('journalctl not found on the host: cannot read the invocation\'s journal lines')
+        raise JournalError("journalctl not found on the host: cannot read the invocation's journal lines")
     notes = []
     if sync:
-        rc, out, err = module.run_command([journalctl, '--sync'], environ_update=JOURNAL_ENV)
+        rc, out, err = module.run_command([journalctl, "--sync"], environ_update=JOURNAL_ENV)
         if rc != 0:
-            notes.append(f'journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway')
+            notes.append(f"journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway")
     inv = _norm_id(invocation_id)
     # --all: without it journalctl -o json prints "MESSAGE": null for fields over 4096 bytes,
     # and the 0.5.23 server_args= line is ~19 KB (recorded: tests/fixtures/journal/).
-    cmd = [journalctl, '-o', 'json', '--all', '--no-pager', '-b']
+    cmd = [journalctl, "-o", "json", "--all", "--no-pager", "-b"]
     if last is not None:
-        cmd += ['-n', str(max(int(last), 1))]
-    cmd += [f'INVOCATION_ID={inv}', '+', f'_SYSTEMD_INVOCATION_ID={inv}']
+        cmd += ["-n", str(max(int(last), 1))]
+    cmd += [f"INVOCATION_ID={inv}", "+", f"_SYSTEMD_INVOCATION_ID={inv}"]
     for pid in pids:
-        if pid not in (None, '', 0, '0'):
-            cmd += ['+', f'_PID={int(pid)}']
+        if pid not in (None, "", 0, "0"):
+            cmd += ["+", f"_PID={int(pid)}"]
     rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
     if rc != 0:
         raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
     entries, bad = parse_json_lines(out)
     if bad:
-        notes.append(f'{bad} line(s) of journalctl -o json output were not JSON and were skipped')
+        notes.append(f"{bad} line(s) of journalctl -o json output were not JSON and were skipped")
     return select_invocation(entries, inv, pids, since_monotonic_us), notes
 
 
 # systemd's "Main process exited, code=..., status=..." message (sd-messages.h SD_MESSAGE_UNIT_PROCESS_EXIT).
-UNIT_PROCESS_EXIT = '98e322203f7a4ed290d09fe03c09fe15'
+UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 
 
 def invocation_lines(entries, unit, invocation_id):
@@ -192,18 +193,18 @@ def invocation_lines(entries, unit, invocation_id):
     want = _norm_id(invocation_id)
     lines = []
     for entry in entries:
-        about = entry.get('_PID') == '1' or bool(
-            entry.get('INVOCATION_ID') and _norm_id(entry.get('_SYSTEMD_INVOCATION_ID')) != want
+        about = entry.get("_PID") == "1" or bool(
+            entry.get("INVOCATION_ID") and _norm_id(entry.get("_SYSTEMD_INVOCATION_ID")) != want
         )
-        if about and entry.get('UNIT') not in (None, unit):
+        if about and entry.get("UNIT") not in (None, unit):
             continue
         lines.append(
             {
-                't_us': _int(entry.get('__MONOTONIC_TIMESTAMP'), 0),
-                'pid': entry.get('_PID'),
-                'systemd': about,
-                'message': message_text(entry.get('MESSAGE')),
-                'fields': entry,
+                "t_us": _int(entry.get("__MONOTONIC_TIMESTAMP"), 0),
+                "pid": entry.get("_PID"),
+                "systemd": about,
+                "message": message_text(entry.get("MESSAGE")),
+                "fields": entry,
             }
         )
     return lines
@@ -214,7 +215,7 @@ def format_lines(lines, count, redact):
     ``redact``."""
     out = []
     for line in lines[-count:] if count else []:
-        who = 'systemd' if line['systemd'] else f"pid {line['pid']}"
+        who = "systemd" if line["systemd"] else f"pid {line['pid']}"
         out.append(redact(f"[{line['t_us'] / 1e6:.6f}] {who}: {line['message']}"))
     return out
 
@@ -223,27 +224,28 @@ def latest_phase(lines, redact, ignore=None):
     """The invocation's latest own log line (systemd's 'Started ...' only when it logged nothing),
     through ``redact``, at most 300 characters; lines containing ``ignore`` do not count."""
     own = [
-        e for e in lines
-        if not e['systemd'] and e['message'].strip() and not (ignore and ignore in e['message'])
+        e
+        for e in lines
+        if not e["systemd"] and e["message"].strip() and not (ignore and ignore in e["message"])
     ]
-    pick = own or [e for e in lines if e['message'].strip()]
-    return redact(pick[-1]['message'].strip())[:300] if pick else ''
+    pick = own or [e for e in lines if e["message"].strip()]
+    return redact(pick[-1]["message"].strip())[:300] if pick else ""
 
 
 def exit_from_journal(lines):
     """EXIT_CODE/EXIT_STATUS of systemd's 'Main process exited' message (of ExecStart=) in ``lines``."""
-    results = [e['fields']['UNIT_RESULT'] for e in lines if e['fields'].get('UNIT_RESULT')]
+    results = [e["fields"]["UNIT_RESULT"] for e in lines if e["fields"].get("UNIT_RESULT")]
     result = results[-1] if results else None
     for line in reversed(lines):
-        fields = line['fields']
-        exec_start = fields.get('COMMAND', 'ExecStart') == 'ExecStart'
-        if fields.get('MESSAGE_ID') == UNIT_PROCESS_EXIT and exec_start:
+        fields = line["fields"]
+        exec_start = fields.get("COMMAND", "ExecStart") == "ExecStart"
+        if fields.get("MESSAGE_ID") == UNIT_PROCESS_EXIT and exec_start:
             return {
-                'code': fields.get('EXIT_CODE'),
-                'status': fields.get('EXIT_STATUS'),
-                'source': 'journal',
-                'result': result,
-                't_us': line['t_us'],
-                'message': line['message'],
+                "code": fields.get("EXIT_CODE"),
+                "status": fields.get("EXIT_STATUS"),
+                "source": "journal",
+                "result": result,
+                "t_us": line["t_us"],
+                "message": line["message"],
             }
     return None

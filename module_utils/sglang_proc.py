@@ -325,8 +325,9 @@ def port_listeners(host, port, control_group, root="/proc"):
     return found
 
 
-def older_processes(control_group, start_us, main_pid, offset_us, tolerance_us, root="/proc",
-                    cgroup_root="/sys/fs/cgroup"):
+def older_processes(
+    control_group, start_us, main_pid, offset_us, tolerance_us, root="/proc", cgroup_root="/sys/fs/cgroup"
+):
     """P14: processes in the unit's cgroup that started before its main process (by /proc start times;
     systemd's stamp ``start_us``, monotonic, less ``tolerance_us``, only when the main process is gone).
     ``offset_us`` is :func:`boottime_offset_us`. None when the cgroup is gone."""

@@ -11,39 +11,39 @@ from __future__ import annotations
 
 import re
 
-REDACTED = '<redacted>'
+REDACTED = "<redacted>"
 
 # Exact key names that hold secrets (SGLang dests and our own settings).
 SECRET_KEYS = frozenset(
     {
-        'api_key',
-        'admin_api_key',
-        'hf_token',
-        'token',
-        'password',
-        'secret',
-        'ssl_keyfile_password',
-        'watermark_key',
-        'watermark_key_b',
-        'sglang_api_key',
-        'authorization',
+        "api_key",
+        "admin_api_key",
+        "hf_token",
+        "token",
+        "password",
+        "secret",
+        "ssl_keyfile_password",
+        "watermark_key",
+        "watermark_key_b",
+        "sglang_api_key",
+        "authorization",
     }
 )
-SECRET_SUFFIXES = ('_token', '_secret', '_password', '_api_key')
+SECRET_SUFFIXES = ("_token", "_secret", "_password", "_api_key")
 
 # argv flags whose VALUE is a secret (``--flag VALUE`` and ``--flag=VALUE``).
 SECRET_FLAGS = frozenset(
     {
-        '--api-key',
-        '--admin-api-key',
-        '--hf-token',
-        '--ssl-keyfile-password',
+        "--api-key",
+        "--admin-api-key",
+        "--hf-token",
+        "--ssl-keyfile-password",
     }
 )
 
 # An unexpanded systemd/shell reference such as ``${SGLANG_API_KEY}`` or ``$SGLANG_API_KEY``
 # is not a secret itself and stays readable: it says where the secret comes from.
-_VAR_REF = re.compile(r'^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$')
+_VAR_REF = re.compile(r"^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$")
 
 # Secrets shorter than this are not replaced inside free text: replacing "1" or "ab" everywhere
 # would destroy the text and hide nothing (keys are still masked by name).
@@ -54,7 +54,7 @@ def is_secret_key(key):
     """True when a settings/JSON key names a secret (case-insensitive, ``-`` == ``_``)."""
     if not isinstance(key, str):
         return False
-    k = key.lower().replace('-', '_').lstrip('_')
+    k = key.lower().replace("-", "_").lstrip("_")
     return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES)
 
 
@@ -63,7 +63,7 @@ def _is_var_ref(value):
 
 
 def _mask(value):
-    if value is None or value == '' or _is_var_ref(value):
+    if value is None or value == "" or _is_var_ref(value):
         return value
     return REDACTED
 
@@ -102,12 +102,12 @@ def redact_argv(argv, secret_values=()):
             out.append(_mask(arg))
             mask_next = False
             continue
-        flag, eq, value = arg.partition('=')
+        flag, eq, value = arg.partition("=")
         if arg in SECRET_FLAGS:
             out.append(arg)
             mask_next = True
         elif eq and flag in SECRET_FLAGS:
-            out.append(f'{flag}={_mask(value)}')
+            out.append(f"{flag}={_mask(value)}")
         else:
             out.append(redact_text(arg, secret_values))
     return out
@@ -125,15 +125,15 @@ def redact_text(text, secret_values=()):
         if len(secret) >= MIN_TEXT_SECRET_LEN and not _is_var_ref(secret):
             text = text.replace(secret, REDACTED)
     text = _FLAG_IN_TEXT.sub(_flag_sub, text)
-    text = _BEARER.sub(r'\1' + REDACTED, text)
+    text = _BEARER.sub(r"\1" + REDACTED, text)
     text = _KEY_IN_REPR.sub(_repr_sub, text)
     text = _KEY_UNQUOTED.sub(_unquoted_sub, text)
     return text
 
 
 _FLAG_IN_TEXT = re.compile(
-    r'(?P<flag>'
-    + '|'.join(re.escape(f) for f in sorted(SECRET_FLAGS, key=len, reverse=True))
+    r"(?P<flag>"
+    + "|".join(re.escape(f) for f in sorted(SECRET_FLAGS, key=len, reverse=True))
     + r')(?P<sep>=|\s+)(?P<value>[^\s\'",)]+)'
 )
 _BEARER = re.compile(r'(Bearer\s+)[^\s\'",]+')
@@ -153,23 +153,23 @@ _KEY_UNQUOTED = re.compile(
 
 
 def _flag_sub(match):
-    value = match.group('value')
+    value = match.group("value")
     if _is_var_ref(value) or value == REDACTED:
         return match.group(0)
     return f"{match.group('flag')}{match.group('sep')}{REDACTED}"
 
 
 def _repr_sub(match):
-    if not is_secret_key(match.group('key')):
+    if not is_secret_key(match.group("key")):
         return match.group(0)
-    value = match.group('value')
-    if value == '' or _is_var_ref(value) or value == REDACTED:
+    value = match.group("value")
+    if value == "" or _is_var_ref(value) or value == REDACTED:
         return match.group(0)
     return f"{match.group('prefix')}{match.group('q')}{REDACTED}{match.group('q')}"
 
 
 def _unquoted_sub(match):
-    value = match.group('value')
-    if not is_secret_key(match.group('key')) or value in (REDACTED, 'None') or _is_var_ref(value):
+    value = match.group("value")
+    if not is_secret_key(match.group("key")) or value in (REDACTED, "None") or _is_var_ref(value):
         return match.group(0)
     return f"{match.group('prefix')}{REDACTED}"

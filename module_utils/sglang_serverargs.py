@@ -32,7 +32,8 @@ import re
 from ansible.module_utils.sglang_options import CASE_INSENSITIVE_KEYS, canonical_key, lookup
 from ansible.module_utils.sglang_redact import REDACTED, is_secret_key
 
-MARKER = 'server_args='
+MARKER = "server_args="
+
 
 class ServerArgsParseError(ValueError):
     """The text after ``server_args=`` is neither a dict repr nor a ``ServerArgs(...)`` repr."""
@@ -69,21 +70,21 @@ def _split_top_level(text, start):
     while i < len(text):
         c = text[i]
         if quote:
-            if c == '\\':
+            if c == "\\":
                 i += 2
                 continue
             if c == quote:
                 quote = None
-        elif c in '\'"':
+        elif c in "'\"":
             quote = c
-        elif c in '([{':
+        elif c in "([{":
             depth += 1
-        elif c in ')]}':
+        elif c in ")]}":
             if depth == 0:
                 items.append(text[begin:i])
                 return [s for s in items if s.strip()], i
             depth -= 1
-        elif c == ',' and depth == 0:
+        elif c == "," and depth == 0:
             items.append(text[begin:i])
             begin = i + 1
         i += 1
@@ -99,18 +100,18 @@ def _parse_items(text, start, form):
     for raw in items:
         item = raw.strip()
         try:
-            if form == 'dataclass':
-                key, eq, value_src = item.partition('=')
+            if form == "dataclass":
+                key, eq, value_src = item.partition("=")
                 if not eq or not key.strip().isidentifier():
                     raise ValueError(item)
-                node = ast.parse(value_src.strip(), mode='eval').body
+                node = ast.parse(value_src.strip(), mode="eval").body
                 result[key.strip()] = _value_of(node, value_src.strip())
             else:
-                node = ast.parse('{' + item + '}', mode='eval').body
+                node = ast.parse("{" + item + "}", mode="eval").body
                 if not isinstance(node, ast.Dict) or len(node.keys) != 1:
                     raise ValueError(item)
                 key = ast.literal_eval(node.keys[0])
-                result[key] = _value_of(node.values[0], '{' + item + '}')
+                result[key] = _value_of(node.values[0], "{" + item + "}")
         except (ValueError, SyntaxError, TypeError):
             complete = False
             break
@@ -126,10 +127,10 @@ def parse_server_args(text):
     if not isinstance(text, str) or MARKER not in text:
         raise ServerArgsParseError('no "server_args=" in the message')
     body = text[text.index(MARKER) + len(MARKER) :].strip()
-    if body.startswith('{'):
-        form, open_at = 'dict', 1
-    elif body.startswith('ServerArgs('):
-        form, open_at = 'dataclass', len('ServerArgs(')
+    if body.startswith("{"):
+        form, open_at = "dict", 1
+    elif body.startswith("ServerArgs("):
+        form, open_at = "dataclass", len("ServerArgs(")
     else:
         raise ServerArgsParseError(
             f'server_args= is followed by neither "{{" nor "ServerArgs(": {body[:40]!r}'
@@ -137,10 +138,10 @@ def parse_server_args(text):
     _, end = _split_top_level(body, open_at)
     whole = body[: end + 1] if end is not None else body
     try:
-        tree = ast.parse(whole, mode='eval').body
+        tree = ast.parse(whole, mode="eval").body
     except SyntaxError:
         tree = None
-    if form == 'dict' and isinstance(tree, ast.Dict):
+    if form == "dict" and isinstance(tree, ast.Dict):
         args = {}
         ok = True
         for k, v in zip(tree.keys, tree.values):
@@ -154,21 +155,21 @@ def parse_server_args(text):
                 break
             args[key] = _value_of(v, whole)
         if ok:
-            return {'form': form, 'args': args, 'partial': False}
-    if form == 'dataclass' and isinstance(tree, ast.Call) and not tree.args:
+            return {"form": form, "args": args, "partial": False}
+    if form == "dataclass" and isinstance(tree, ast.Call) and not tree.args:
         args = {kw.arg: _value_of(kw.value, whole) for kw in tree.keywords if kw.arg}
-        return {'form': form, 'args': args, 'partial': False}
+        return {"form": form, "args": args, "partial": False}
     args, complete = _parse_items(body, open_at, form)
     if not args:
-        raise ServerArgsParseError(f'could not parse the {form} form after server_args=')
-    return {'form': form, 'args': args, 'partial': not complete}
+        raise ServerArgsParseError(f"could not parse the {form} form after server_args=")
+    return {"form": form, "args": args, "partial": not complete}
 
 
 # ---------------------------------------------------------------------------------------------
 # comparison
 
-_INT = re.compile(r'^[+-]?\d+$')
-_FLOAT = re.compile(r'^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$')
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 
 
 def _scalar_equal(key, a, b):
@@ -189,8 +190,8 @@ def _scalar_equal(key, a, b):
 def _as_bool(v):
     if isinstance(v, bool):
         return v
-    if isinstance(v, str) and v.lower() in ('true', 'false'):
-        return v.lower() == 'true'
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
     return None
 
 
@@ -219,16 +220,16 @@ def values_equal(key, expected, running):
 
 def show_value(key, value):
     """Readable value for a diff line; secrets never shown."""
-    if is_secret_key(key) and value not in (None, ''):
+    if is_secret_key(key) and value not in (None, ""):
         return REDACTED
     if value is None:
-        return 'None'
+        return "None"
     if isinstance(value, str) and not (_INT.match(value) or _FLOAT.match(value)):
         return repr(value)
     return str(value)
 
 
-def compare(expected, reported, source='', absent_is_none=True):
+def compare(expected, reported, source="", absent_is_none=True):
     """Diff lines ``key: expected X, running Y (source)`` for every expected key that differs.
 
     ``reported`` may use alias spellings (``speculative_dflash_draft_window_size`` satisfies
@@ -237,16 +238,16 @@ def compare(expected, reported, source='', absent_is_none=True):
     it sets, so for argv an absent key means "left at SGLang's default" = expected None).
     """
     diffs = []
-    suffix = f' ({source})' if source else ''
+    suffix = f" ({source})" if source else ""
     for key in sorted(expected):
         want = expected[key]
         found, got, name = lookup(reported, key)
         if not found:
             if absent_is_none and want is None:
                 continue
-            diffs.append(f'{key}: expected {show_value(key, want)}, running <not reported>{suffix}')
+            diffs.append(f"{key}: expected {show_value(key, want)}, running <not reported>{suffix}")
             continue
         if not values_equal(key, want, got):
-            label = key if name == key else f'{key} (as {name})'
-            diffs.append(f'{label}: expected {show_value(key, want)}, running {show_value(key, got)}{suffix}')
+            label = key if name == key else f"{key} (as {name})"
+            diffs.append(f"{label}: expected {show_value(key, want)}, running {show_value(key, got)}{suffix}")
     return diffs

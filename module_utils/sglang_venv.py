@@ -11,10 +11,10 @@ import os
 
 from ansible.module_utils.sglang_files import replace_file
 
-RESULT_MARKER = 'SGLANG_DEPLOY_RESULT '
+RESULT_MARKER = "SGLANG_DEPLOY_RESULT "
 
 # Runs in the venv's python; imports nothing heavy. Prints the version and a hash of what is installed.
-PROBE_SCRIPT = r'''
+PROBE_SCRIPT = r"""
 import hashlib, json, os, sys
 # Same precedence as `import sglang`: the first sys.path entry holding a sglang dist-info.
 found = None
@@ -50,15 +50,15 @@ for name in ("RECORD", "direct_url.json"):
     digest.update(name.encode() + b"\0" + data + b"\0")
 print("SGLANG_DEPLOY_RESULT " + json.dumps({"version": version, "record_sha256": digest.hexdigest(),
                                           "dist_info": found}))
-'''
+"""
 
 
 def parse_marked(stdout):
     """The JSON object on the last ``SGLANG_DEPLOY_RESULT`` line of ``stdout``, or None."""
-    for line in reversed((stdout or '').splitlines()):
+    for line in reversed((stdout or "").splitlines()):
         if line.startswith(RESULT_MARKER):
             try:
-                return json.loads(line[len(RESULT_MARKER):])
+                return json.loads(line[len(RESULT_MARKER) :])
             except ValueError:
                 return None
     return None
@@ -66,12 +66,18 @@ def parse_marked(stdout):
 
 def run_python(module, python, script, timeout, env=None, data=None):
     """Run ``script`` in ``python`` (list form, LANG=C, $ not expanded), bounded by ``timeout``."""
-    environ = {'LANG': 'C', 'LC_ALL': 'C', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONUNBUFFERED': '1'}
+    environ = {"LANG": "C", "LC_ALL": "C", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     environ.update({str(k): str(v) for k, v in (env or {}).items()})
     # SIGALRM's default action ends the interpreter even inside a C extension import.
-    wrapped = f'import signal\nsignal.alarm({int(timeout)})\n' + script
-    return module.run_command([python, '-c', wrapped], environ_update=environ, cwd='/', data=data,
-                              binary_data=False, expand_user_and_vars=False)
+    wrapped = f"import signal\nsignal.alarm({int(timeout)})\n" + script
+    return module.run_command(
+        [python, "-c", wrapped],
+        environ_update=environ,
+        cwd="/",
+        data=data,
+        binary_data=False,
+        expand_user_and_vars=False,
+    )
 
 
 def write_json_atomic(module, path, data, mode, what):
@@ -80,6 +86,6 @@ def write_json_atomic(module, path, data, mode, what):
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        replace_file(path, json.dumps(data, sort_keys=True).encode('utf-8'), mode)
+        replace_file(path, json.dumps(data, sort_keys=True).encode("utf-8"), mode)
     except OSError as exc:
-        module.fail_json(msg=f'cache_dir {directory}: cannot write the {what}: {exc}')
+        module.fail_json(msg=f"cache_dir {directory}: cannot write the {what}: {exc}")

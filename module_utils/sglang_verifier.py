@@ -88,7 +88,11 @@ def journal_entries(module, unit, invocation_id, main_pid, start_us, count, sync
     since = start_us - START_TOLERANCE_US if start_us else None
     try:
         entries, _notes = read_invocation(
-            module, invocation_id, [main_pid] if main_pid else (), since_monotonic_us=since, sync=sync,
+            module,
+            invocation_id,
+            [main_pid] if main_pid else (),
+            since_monotonic_us=since,
+            sync=sync,
             last=max(count, 1) * 4,
         )
     except JournalError:
@@ -140,7 +144,6 @@ class HealthProbe:
             self._thread.join(seconds)
         else:
             pause(seconds)
-
 
 
 class Verifier:
@@ -412,8 +415,13 @@ class Verifier:
     def check_orphans(self):
         b = self.b
         older = older_processes(
-            b["control_group"], b["start_us"], b.get("main_pid"), boottime_offset_us(), START_TOLERANCE_US,
-            PROC_ROOT, CGROUP_ROOT,
+            b["control_group"],
+            b["start_us"],
+            b.get("main_pid"),
+            boottime_offset_us(),
+            START_TOLERANCE_US,
+            PROC_ROOT,
+            CGROUP_ROOT,
         )
         if older:
             desc = "; ".join(

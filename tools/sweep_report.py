@@ -92,9 +92,12 @@ def load_rows(state_dir: str) -> tuple[list[dict], list[dict], dict]:
             row = make_row(host, index, point, record)
             if row["result"] == "rejected" and rejected_now is not None and point["name"] not in rejected_now:
                 # Rejected by an earlier run; the build of this plan honours it: not measured yet.
-                row = dict(make_row(host, index, point, None), reason=(
-                    "not measured yet (rejected by an earlier run: " + first_line(row["reason"]) + ")"
-                ))
+                row = dict(
+                    make_row(host, index, point, None),
+                    reason=(
+                        "not measured yet (rejected by an earlier run: " + first_line(row["reason"]) + ")"
+                    ),
+                )
             rows.append(row)
         stale += [
             {"host": host, "point": r["point"]["name"], "id": pid, "result": r.get("result")}
@@ -336,7 +339,7 @@ def plot(out_dir: str, rows: list[dict], lab: bool, axes: list[str], arg_of: dic
         r for r in rows if r["result"] == "verified" and r["metrics"].get("output_throughput") is not None
     ]
     labels = [
-        f"{r['host']}\n{r['point']}" if len({x['host'] for x in rows}) > 1 else r["point"] for r in done
+        f"{r['host']}\n{r['point']}" if len({x["host"] for x in rows}) > 1 else r["point"] for r in done
     ]
     suffix = " (LAB RUN: synthetic timings)" if lab else ""
     plots = []

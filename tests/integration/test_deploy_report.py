@@ -21,7 +21,7 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_INFO = (
-    "python3 -c \"import urllib.request; "
+    'python3 -c "import urllib.request; '
     "print(urllib.request.urlopen('http://127.0.0.1:30000/server_info', timeout=10).read().decode())\""
 )
 SUMMARY_LINE = re.compile(r"^ {2}(?P<key>[a-z_]+): (?P<value>.*) \(from (?P<sources>[^)]*)\)$")
@@ -78,7 +78,8 @@ def test_the_summary_shows_the_managed_running_arguments_as_the_server_reports_t
         assert value == (running if isinstance(running, str) else json.dumps(running)), key
         assert sources.startswith(f"/server_info, journal server_args, /proc/{pid}/cmdline"), (key, sources)
     assert shown["speculative_draft_window_size"] == (
-        "2048", f"/server_info, journal server_args, /proc/{pid}/cmdline, DFLASH draft runner"
+        "2048",
+        f"/server_info, journal server_args, /proc/{pid}/cmdline, DFLASH draft runner",
     )
 
 
@@ -101,7 +102,10 @@ def test_the_report_on_the_controller_holds_the_whole_server_info_and_the_assert
     assert path.name == f"{lab_host.name}.json" and re.fullmatch(r"\d{8}T\d{6}Z", path.parent.name)
     report = json.loads(path.read_text())
     assert (report["host"], report["unit"], report["invocation_id"], report["restarted"]) == (
-        lab_host.name, "sglang.service", run["after"].invocation_id, False
+        lab_host.name,
+        "sglang.service",
+        run["after"].invocation_id,
+        False,
     )
     assert set(report["server_info"]) == set(server_info)
     for key in report["intended"]:

@@ -41,8 +41,15 @@ def start_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY
     extra_file.write_text(json.dumps(extra))
     argv = [
         str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i", str(lab_host.inventory), "--limit", f"{lab_host.name},localhost", playbook,
-        "-e", "window=2048", "-e", f"@{extra_file}",
+        "-i",
+        str(lab_host.inventory),
+        "--limit",
+        f"{lab_host.name},localhost",
+        playbook,
+        "-e",
+        "window=2048",
+        "-e",
+        f"@{extra_file}",
     ]
     env = dict(
         os.environ,
@@ -53,8 +60,9 @@ def start_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY
         PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
     )
     with out.open("w") as handle:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def run_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) -> tuple[int, str]:
@@ -67,7 +75,7 @@ def run_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) 
 def around(text: str, phrase: str) -> str:
     """The output around ``phrase`` (or its tail): what an assertion shows."""
     at = text.find(phrase)
-    return text[-3000:] if at < 0 else text[max(at - 200, 0):at + 1500]
+    return text[-3000:] if at < 0 else text[max(at - 200, 0) : at + 1500]
 
 
 def lock_record(lab_host) -> dict | None:
@@ -112,10 +120,13 @@ def test_second_deploy_is_refused_naming_the_holder_then_runs(lab_host, workdir)
         print("refusal:", around(text, refusal)[200:900])
         assert rc != 0, text[-3000:]
         assert refusal in text, text[-3000:]
-        for part in (f"ansible-playbook PID {first.pid} on controller {record['controller']['host']}",
-                     f"(user {record['controller']['user']})", "playbook playbooks/sglang.yml",
-                     "now restarting sglang.service with proof",
-                     f"on this host {record['anchor']['comm']} PID {record['anchor']['pid']}"):
+        for part in (
+            f"ansible-playbook PID {first.pid} on controller {record['controller']['host']}",
+            f"(user {record['controller']['user']})",
+            "playbook playbooks/sglang.yml",
+            "now restarting sglang.service with proof",
+            f"on this host {record['anchor']['comm']} PID {record['anchor']['pid']}",
+        ):
             assert part in text, (part, around(text, refusal))
         assert refused_after < REFUSE_WITHIN
         # The refused run changed nothing and did not touch the holder's lock.

@@ -82,11 +82,14 @@ def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
     assert value_after(argv, "--served-model-name") == AWKWARD_NAME
     # And the server reports the awkward name back (the verifier compared it too).
     body = lab_host.ssh(
-        "python3 -c " + shlex.quote(
+        "python3 -c "
+        + shlex.quote(
             "import json,sys,urllib.request as u;"
             "r=u.Request('http://127.0.0.1:30000/v1/models',headers={'Authorization':'Bearer '+sys.argv[1]});"
             "print(json.dumps([m['id'] for m in json.load(u.urlopen(r,timeout=10))['data']]))"
-        ) + " " + shlex.quote(SENTINEL)
+        )
+        + " "
+        + shlex.quote(SENTINEL)
     ).stdout
     assert json.loads(body) == [AWKWARD_NAME]
 

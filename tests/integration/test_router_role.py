@@ -161,8 +161,17 @@ def lab():
     subprocess.run([str(LABCTL), "down", "--inventory", str(BASE_INVENTORY)], check=False, cwd=REPO)
     try:
         subprocess.run(
-            [str(LABCTL), "up", "--sglang-layer", "--hosts", "1", "--first-index", str(INDEX),
-             "--inventory", str(BASE_INVENTORY)],
+            [
+                str(LABCTL),
+                "up",
+                "--sglang-layer",
+                "--hosts",
+                "1",
+                "--first-index",
+                str(INDEX),
+                "--inventory",
+                str(BASE_INVENTORY),
+            ],
             check=True,
             cwd=REPO,
         )

@@ -17,8 +17,9 @@ from test_lab_server import SECRET, Server, dflash_argv
 from test_lab_server import pytestmark as lab_server_marks
 
 pytestmark = lab_server_marks
-SHAPE = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "sglang_drain" / "v1_loads_shape.json")
-                   .read_text())
+SHAPE = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "sglang_drain" / "v1_loads_shape.json").read_text()
+)
 FLUSH = SHAPE["flush_cache"]
 
 
@@ -39,8 +40,12 @@ class Generations:
     def __init__(self, server: Server, count: int, tokens: int = 1500) -> None:
         self.results: list[int] = []
         body = {"text": "drain me", "sampling_params": {"max_new_tokens": tokens}}
-        self.threads = [threading.Thread(target=lambda: self.results.append(
-            server.request("/generate", key=SECRET, body=body)[0])) for _ in range(count)]
+        self.threads = [
+            threading.Thread(
+                target=lambda: self.results.append(server.request("/generate", key=SECRET, body=body)[0])
+            )
+            for _ in range(count)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -51,8 +56,10 @@ class Generations:
 
 
 def running(server: Server) -> int:
-    return sum(load["num_running_reqs"] + load["num_waiting_reqs"]
-               for load in server.json("/v1/loads?include=core", key=SECRET)["loads"])
+    return sum(
+        load["num_running_reqs"] + load["num_waiting_reqs"]
+        for load in server.json("/v1/loads?include=core", key=SECRET)["loads"]
+    )
 
 
 def wait_running(server: Server, want: int, timeout: float = 10) -> None:

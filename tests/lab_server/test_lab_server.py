@@ -51,8 +51,11 @@ def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")
     out = {}
     for kind in ("target", "draft"):
-        subprocess.run([sys.executable, str(REPO / "lab" / "make_checkpoint.py"), kind, str(root / kind)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "lab" / "make_checkpoint.py"), kind, str(root / kind)],
+            check=True,
+            capture_output=True,
+        )
         out[kind] = str(root / kind)
     return out
 
@@ -61,18 +64,37 @@ class Server:
     """One lab server process; output goes to a file (a surviving child keeps pipes open).
     Its parse cache is `<tmp>/parse-cache` unless env names another SGLANG_LAB_PARSE_CACHE_DIR."""
 
-    def __init__(self, tmp: Path, argv: list[str], env: dict[str, str] | None = None,
-                 python_args: tuple[str, ...] = (), python: str = PYTHON) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        python_args: tuple[str, ...] = (),
+        python: str = PYTHON,
+    ) -> None:
         self.argv, self.log_path = argv, tmp / f"server-{time.monotonic_ns()}.log"
         self.port = int(argv[argv.index("--port") + 1]) if "--port" in argv else None
-        full_env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("SGLANG_LAB_") and k != "PYTEST_CURRENT_TEST"}
-        full_env.update({"SGLANG_LAB_LOAD_SECONDS": "0.5",
-                         "SGLANG_LAB_PARSE_CACHE_DIR": str(tmp / "parse-cache"), **(env or {})})
+        full_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SGLANG_LAB_") and k != "PYTEST_CURRENT_TEST"
+        }
+        full_env.update(
+            {
+                "SGLANG_LAB_LOAD_SECONDS": "0.5",
+                "SGLANG_LAB_PARSE_CACHE_DIR": str(tmp / "parse-cache"),
+                **(env or {}),
+            }
+        )
         with open(self.log_path, "wb") as log:
             self.started = time.monotonic()
-            self.proc = subprocess.Popen([python, *python_args, str(SERVER), *argv], stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, env=full_env)
+            self.proc = subprocess.Popen(
+                [python, *python_args, str(SERVER), *argv],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+            )
 
     @property
     def log(self) -> str:
@@ -96,8 +118,9 @@ class Server:
             msg = f"server still running after {timeout} s; log:\n{self.log[-3000:]}"
             raise AssertionError(msg) from None
 
-    def request(self, path: str, *, key: str | None = None, body: dict | None = None,
-                headers: dict | None = None) -> tuple[int, bytes]:
+    def request(
+        self, path: str, *, key: str | None = None, body: dict | None = None, headers: dict | None = None
+    ) -> tuple[int, bytes]:
         hdrs = dict(headers or {})
         if key:
             hdrs["Authorization"] = f"Bearer {key}"
@@ -128,9 +151,20 @@ class Server:
 
 
 def dflash_argv(models: dict[str, str], window: str = "2048", port: int | None = None) -> list[str]:
-    return ["--model-path", models["target"], "--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", models["draft"], "--speculative-draft-window-size", window,
-            "--host", "127.0.0.1", "--port", str(port or free_port())]
+    return [
+        "--model-path",
+        models["target"],
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        models["draft"],
+        "--speculative-draft-window-size",
+        window,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port or free_port()),
+    ]
 
 
 def port_open(port: int) -> bool:
@@ -152,8 +186,10 @@ def test_old_window_flag_is_an_argparse_error(tmp_path, models):
     argv[argv.index("--speculative-draft-window-size")] = "--speculative-dflash-draft-window-size"
     server = Server(tmp_path, argv)
     assert server.wait_exit() == 2
-    assert ("sglang serve: error: unrecognized arguments: --speculative-dflash-draft-window-size 2048"
-            in server.log)
+    assert (
+        "sglang serve: error: unrecognized arguments: --speculative-dflash-draft-window-size 2048"
+        in server.log
+    )
     assert "usage: sglang serve" in server.log
     assert not port_open(server.port)
     assert_nothing_cached(tmp_path)
@@ -163,15 +199,19 @@ def test_window_below_block_size_is_sglangs_value_error(tmp_path, models):
     server = Server(tmp_path, dflash_argv(models, window="8"))
     assert server.wait_exit() == 1
     assert "Traceback (most recent call last):" in server.log
-    assert ("ValueError: --speculative-draft-window-size must be >= --speculative-num-draft-tokens "
-            "(block_size). window_size=8, block_size=16.") in server.log
+    assert (
+        "ValueError: --speculative-draft-window-size must be >= --speculative-num-draft-tokens "
+        "(block_size). window_size=8, block_size=16."
+    ) in server.log
     assert "server_args=" not in server.log
     assert_nothing_cached(tmp_path)
 
 
 def test_dflash_without_draft_path_fails_resolution(tmp_path, models):
-    server = Server(tmp_path, ["--model-path", models["target"], "--speculative-algorithm", "DFLASH",
-                               "--port", str(free_port())])
+    server = Server(
+        tmp_path,
+        ["--model-path", models["target"], "--speculative-algorithm", "DFLASH", "--port", str(free_port())],
+    )
     assert server.wait_exit() == 1
     assert "DFLASH speculative decoding requires setting --speculative-draft-model-path." in server.log
     assert_nothing_cached(tmp_path)
@@ -196,11 +236,23 @@ def test_startup_log_is_sglangs(dflash):
     assert "'device': 'cuda'" in line.group(0)
     assert f"'api_key': '{SECRET}'" in line.group(0), "SGLang does not redact; the lab server must not either"
     assert "Max running requests is reset to 48 for speculative decoding." in log  # SGLang's own warning
-    runner = re.search(r"Initialized DFLASH draft runner\. attention_backend=(\w+), model=DFlashDraftModel, "
-                       r"block_size=16, draft_window_size=2048, compact_cache=True$", log, re.M)
+    runner = re.search(
+        r"Initialized DFLASH draft runner\. attention_backend=(\w+), model=DFlashDraftModel, "
+        r"block_size=16, draft_window_size=2048, compact_cache=True$",
+        log,
+        re.M,
+    )
     assert runner, "no DFLASH runner line with the resolved values"
-    order = [log.index(s) for s in ("server_args={", "Load weight begin.", "Initialized DFLASH draft runner",
-                                    "Uvicorn running on http://127.0.0.1:", "fired up and ready to roll")]
+    order = [
+        log.index(s)
+        for s in (
+            "server_args={",
+            "Load weight begin.",
+            "Initialized DFLASH draft runner",
+            "Uvicorn running on http://127.0.0.1:",
+            "fired up and ready to roll",
+        )
+    ]
     assert order == sorted(order), order
 
 
@@ -233,14 +285,19 @@ def test_api_key_is_required_where_sglang_requires_it(dflash):
 def test_deprecated_alias_logs_sglangs_warning(dflash):
     assert dflash.json("/get_server_info", key=SECRET)["speculative_draft_window_size"] == 2048
     assert dflash.json("/get_model_info", key=SECRET)["architectures"] == ["LlamaForCausalLM"]
-    dflash.wait_log(r"Endpoint '/get_server_info' is deprecated and will be removed in a future version\. "
-                    r"Please use '/server_info' instead\.", timeout=5)
+    dflash.wait_log(
+        r"Endpoint '/get_server_info' is deprecated and will be removed in a future version\. "
+        r"Please use '/server_info' instead\.",
+        timeout=5,
+    )
 
 
 def test_generate_streams_sse_like_sglang(dflash):
-    status, raw = dflash.request("/generate", key=SECRET,
-                                 body={"text": "Hello there", "sampling_params": {"max_new_tokens": 40},
-                                       "stream": True})
+    status, raw = dflash.request(
+        "/generate",
+        key=SECRET,
+        body={"text": "Hello there", "sampling_params": {"max_new_tokens": 40}, "stream": True},
+    )
     assert status == 200
     events = [line[6:] for line in raw.decode().split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -256,8 +313,11 @@ def test_generate_streams_sse_like_sglang(dflash):
 
 
 def test_chat_completion_shape(dflash):
-    body = dflash.json("/v1/chat/completions", key=SECRET,
-                       body={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6})
+    body = dflash.json(
+        "/v1/chat/completions",
+        key=SECRET,
+        body={"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6},
+    )
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] == 6
@@ -273,8 +333,9 @@ def test_metrics_are_prometheus_text(dflash):
 
 # ------------------------------------------------------------------ older server: old API + dataclass log
 def test_old_api_and_dataclass_log(tmp_path, models):
-    server = Server(tmp_path, dflash_argv(models),
-                    env={"SGLANG_LAB_OLD_API": "1", "SGLANG_LAB_LOG_FORMAT": "dataclass"})
+    server = Server(
+        tmp_path, dflash_argv(models), env={"SGLANG_LAB_OLD_API": "1", "SGLANG_LAB_LOG_FORMAT": "dataclass"}
+    )
     try:
         server.wait_log(r"The server is fired up and ready to roll!")
         line = re.search(r"^\[[^]]+\] server_args=ServerArgs\(model_path='[^']+', .*\)$", server.log, re.M)
@@ -294,8 +355,11 @@ def test_old_api_and_dataclass_log(tmp_path, models):
 
 # ------------------------------------------------------------------ plain server, forked scheduler, SIGTERM
 def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
-    server = Server(tmp_path, ["--model-path", models["target"], "--port", str(free_port())],
-                    env={"SGLANG_LAB_SPAWN_CHILD": "1"})
+    server = Server(
+        tmp_path,
+        ["--model-path", models["target"], "--port", str(free_port())],
+        env={"SGLANG_LAB_SPAWN_CHILD": "1"},
+    )
     child = None
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -315,8 +379,17 @@ def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
 
         # SIGTERM while a ~4 s stream runs: health turns 503, the stream completes, then exit 0.
         result = {}
-        worker = threading.Thread(target=lambda: result.update(zip(("status", "raw"), server.request(
-            "/generate", body={"text": "x", "sampling_params": {"max_new_tokens": 1000}, "stream": True}))))
+        worker = threading.Thread(
+            target=lambda: result.update(
+                zip(
+                    ("status", "raw"),
+                    server.request(
+                        "/generate",
+                        body={"text": "x", "sampling_params": {"max_new_tokens": 1000}, "stream": True},
+                    ),
+                )
+            )
+        )
         worker.start()
         time.sleep(0.5)
         server.proc.send_signal(signal.SIGTERM)
@@ -325,8 +398,9 @@ def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
         worker.join(30)
         assert result["status"] == 200 and result["raw"].endswith(b"data: [DONE]\n\n")
         assert server.wait_exit(timeout=10) == 0
-        assert ("SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
-                in server.log)
+        assert (
+            "SIGTERM received. signum=None frame=None. Draining requests and shutting down..." in server.log
+        )
         assert "Gracefully exiting... Remaining number of requests 0." in server.log
         assert not port_open(server.port)
         os.kill(child, 0)  # still alive: it would survive its parent under KillMode=process
@@ -338,8 +412,9 @@ def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
 
 # ------------------------------------------------------------------ fault injection
 def test_crash_before_port_opens(tmp_path, models):
-    server = Server(tmp_path, dflash_argv(models),
-                    env={"SGLANG_LAB_CRASH_AFTER": "3", "SGLANG_LAB_HANG": "1"})
+    server = Server(
+        tmp_path, dflash_argv(models), env={"SGLANG_LAB_CRASH_AFTER": "3", "SGLANG_LAB_HANG": "1"}
+    )
     try:
         assert server.wait_exit(timeout=15) == 1
         elapsed = time.monotonic() - server.started
@@ -392,8 +467,10 @@ def test_port_in_use_fails_after_load_like_uvicorn(tmp_path, models):
         finally:
             server.stop()
     log = server.log
-    assert f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): " \
-           "address already in use" in log
+    assert (
+        f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+        "address already in use" in log
+    )
     assert log.index("Load weight end.") < log.index("[Errno 98]")
 
 
@@ -411,23 +488,40 @@ def replay_site(tmp_path_factory) -> str:
 
 def test_ddtree_replay_build_logs_and_serves_as_the_recorded_build(tmp_path, models, replay_site):
     port = free_port()
-    argv = ["--model-path", models["target"], "--speculative-algorithm", "DDTREE",
-            "--speculative-draft-model-path", models["draft"], "--speculative-ddtree-budget", "32",
-            "--speculative-draft-window-size", "2048", "--page-size", "1", "--port", str(port)]
-    server = Server(tmp_path, argv, env={"PYTHONPATH": replay_site, "SGLANG_DDTREE_MAX_TOPK": "4"},
-                    python=sys.executable)
+    argv = [
+        "--model-path",
+        models["target"],
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        models["draft"],
+        "--speculative-ddtree-budget",
+        "32",
+        "--speculative-draft-window-size",
+        "2048",
+        "--page-size",
+        "1",
+        "--port",
+        str(port),
+    ]
+    server = Server(
+        tmp_path, argv, env={"PYTHONPATH": replay_site, "SGLANG_DDTREE_MAX_TOPK": "4"}, python=sys.executable
+    )
     try:
         server.wait_log(r"The server is fired up and ready to roll!")
         log = server.log
         # the build's dataclass startup line with ITS window field, and both of its worker lines
         assert re.search(r"server_args=ServerArgs\(.*speculative_draft_window_size=2048, ", log)
-        assert ("Initialized DFLASH draft runner. attention_backend=triton, model=DFlashDraftModel, "
-                "block_size=16, draft_window_size=2048, compact_cache=True") in log
+        assert (
+            "Initialized DFLASH draft runner. attention_backend=triton, model=DFlashDraftModel, "
+            "block_size=16, draft_window_size=2048, compact_cache=True"
+        ) in log
         assert "Initialized DDTree worker. block_size=16, tree_budget=32, max_tree_nodes=33" in log
         # the build's own warnings, as its resolution logs them
         assert "--speculative-draft-window-size has no effect with speculative_algorithm=DDTREE" in log
         assert "Piecewise CUDA graph is disabled for DDTREE full-tree mode (budget=32 > block_size-1=15)" in (
-            log)
+            log
+        )
         status, body = server.request("/server_info")
         info = json.loads(body)
         assert status == 200 and info["version"] == "0.0.0.dev0+labreplay.ddtree.pr29907"
@@ -439,8 +533,16 @@ def test_ddtree_replay_build_logs_and_serves_as_the_recorded_build(tmp_path, mod
 
 
 def test_ddtree_replay_refuses_as_the_recorded_build(tmp_path, models, replay_site):
-    argv = ["--model-path", models["target"], "--speculative-algorithm", "DDTREE",
-            "--speculative-draft-model-path", models["draft"], "--port", str(free_port())]
+    argv = [
+        "--model-path",
+        models["target"],
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        models["draft"],
+        "--port",
+        str(free_port()),
+    ]
     server = Server(tmp_path, argv, env={"PYTHONPATH": replay_site}, python=sys.executable)
     assert server.wait_exit() == 1
     assert "ValueError: DDTREE currently supports only page_size == 1. Got page_size=None." in server.log

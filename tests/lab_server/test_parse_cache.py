@@ -84,8 +84,12 @@ def test_key_covers_argv_release_python_environment_and_this_file(site, tmp_path
     shutil.rmtree(plugin)
     assert key(argv) == base
 
-    for name, value in (("SGLANG_USE_MODELSCOPE", "1"), ("SGL_CHUNKED_PREFIX", "1"), ("HF_HOME", "/x"),
-                        ("CUDA_VISIBLE_DEVICES", "1")):
+    for name, value in (
+        ("SGLANG_USE_MODELSCOPE", "1"),
+        ("SGL_CHUNKED_PREFIX", "1"),
+        ("HF_HOME", "/x"),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+    ):
         monkeypatch.setenv(name, value)
         assert key(argv) != base, name
         monkeypatch.delenv(name)
@@ -117,13 +121,19 @@ def test_identity_is_the_deploy_probes_identity():
     if str(REPO / "module_utils") not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(str(REPO / "module_utils"))
     probe = load_module("sglang_venv_under_test", REPO / "module_utils" / "sglang_venv.py")
-    out = subprocess.run([PYTHON, "-c", probe.PROBE_SCRIPT], capture_output=True, text=True, check=True,
-                         cwd="/").stdout
+    out = subprocess.run(
+        [PYTHON, "-c", probe.PROBE_SCRIPT], capture_output=True, text=True, check=True, cwd="/"
+    ).stdout
     want = probe.parse_marked(out)
-    script = (f"import json, sys; sys.path.insert(0, {str(SERVER.parent)!r}); import sglang_lab_server as s; "
-              "print(json.dumps(s.sglang_identity()))")
-    got = json.loads(subprocess.run([PYTHON, "-B", "-c", script], capture_output=True, text=True, check=True,
-                                    cwd="/").stdout)
+    script = (
+        f"import json, sys; sys.path.insert(0, {str(SERVER.parent)!r}); import sglang_lab_server as s; "
+        "print(json.dumps(s.sglang_identity()))"
+    )
+    got = json.loads(
+        subprocess.run(
+            [PYTHON, "-B", "-c", script], capture_output=True, text=True, check=True, cwd="/"
+        ).stdout
+    )
     assert want["version"] == got["version"] == "0.5.23"
     assert (got["record_sha256"], got["dist_info"]) == (want["record_sha256"], want["dist_info"])
     assert got["editable"] is False
@@ -136,7 +146,8 @@ def test_no_cache_when_disabled_or_editable(site, tmp_path, monkeypatch):
     assert lab.ParseCache.open(["--port", "1"]) is None
     monkeypatch.delenv("SGLANG_LAB_PARSE_CACHE")
     (site / "sglang-0.5.23.dist-info" / "direct_url.json").write_text(
-        '{"url": "file:///src/sglang", "dir_info": {"editable": true}}')
+        '{"url": "file:///src/sglang", "dir_info": {"editable": true}}'
+    )
     assert lab.ParseCache.open(["--port", "1"]) is None  # its code changes under the same RECORD
 
 
@@ -147,7 +158,8 @@ def test_directory_others_can_reach_is_not_used(site, tmp_path, monkeypatch, cap
     monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(cache))
     assert lab.ParseCache.open(["--port", "1"]) is None
     assert [r.getMessage() for r in caplog.records] == [
-        f"sglang-lab-server: parse cache not used: {cache} has mode 0755, not 0700"]
+        f"sglang-lab-server: parse cache not used: {cache} has mode 0755, not 0700"
+    ]
     if os.geteuid() == 0:
         cache.chmod(0o700)
         os.chown(cache, 65534, -1)
@@ -167,7 +179,7 @@ def test_default_directory_is_root_only_or_the_service_users_home(monkeypatch):
 
 
 # ------------------------------------------------------------------ record, store, replay (a subprocess)
-RECORD_AND_REPLAY = r'''
+RECORD_AND_REPLAY = r"""
 import json, logging, sys, warnings
 sys.path.insert(0, sys.argv[1])
 import sglang_lab_server as lab
@@ -206,15 +218,19 @@ cached = lab.CachedResolution(json.loads(json.dumps(entry)), "k")
 assert cached.changed_input() is None
 cached.replay()
 after()
-'''
+"""
 
 
 def test_replay_prints_what_the_parse_printed(tmp_path):
     config = tmp_path / "model" / "config.json"
     config.parent.mkdir()
     config.write_text("{}")
-    out = subprocess.run([sys.executable, "-B", "-c", RECORD_AND_REPLAY, str(SERVER.parent), str(config),
-                          str(config.parent)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-B", "-c", RECORD_AND_REPLAY, str(SERVER.parent), str(config), str(config.parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
 
     def same_time(text: str) -> str:
         return re.sub(r"^\[[\d :-]+\]", "[T]", text, flags=re.M)
@@ -231,23 +247,50 @@ def test_replay_prints_what_the_parse_printed(tmp_path):
 def test_corrupt_or_unreadable_entry_is_ignored_with_one_line(site, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
     cache = lab.ParseCache.open(["--port", "1"])
-    entry = {"format": 1, "key": cache.key, "resolved": repr({"model_path": "/m", "port": 1}),
-             "kv_events": "None", "launch_command": "--port 1", "version": "0.5.23", "drawn": [],
-             "events": [], "files": [], "dirs": []}
+    entry = {
+        "format": 1,
+        "key": cache.key,
+        "resolved": repr({"model_path": "/m", "port": 1}),
+        "kv_events": "None",
+        "launch_command": "--port 1",
+        "version": "0.5.23",
+        "drawn": [],
+        "events": [],
+        "files": [],
+        "dirs": [],
+    }
     cache.store(entry)
     assert (os.stat(cache.path).st_mode & 0o777) == 0o600
     assert [p.name for p in Path(cache.directory).iterdir()] == [Path(cache.path).name]  # no temp file left
     assert cache.lookup().resolution() == {"model_path": "/m", "port": 1}
-    cache.store({**entry, "resolved": repr({"model_path": "/m", "random_seed": 7, "port": 1}),
-                 "drawn": ["random_seed"]})
+    cache.store(
+        {
+            **entry,
+            "resolved": repr({"model_path": "/m", "random_seed": 7, "port": 1}),
+            "drawn": ["random_seed"],
+        }
+    )
     seeds = {cache.lookup().resolution()["random_seed"] for _ in range(3)}  # drawn anew, as SGLang does
     assert len(seeds) > 1 and all(0 <= seed <= 1 << 30 for seed in seeds)
     assert list(cache.lookup().resolution()) == ["model_path", "random_seed", "port"]
-    for bad in (b"{not json", json.dumps({**entry, "resolved": "{'port': float('nan')}"}).encode(),
-                json.dumps({**entry, "key": "0" * 64}).encode(),
-                json.dumps({**entry, "events": [["log", "stderr", {"fmt": "%(nosuchfield)s", "style": "%",
-                                                 "datefmt": None, "terminator": "\n"},
-                                                 {"msg": "m", "levelno": 20}]]}).encode()):
+    for bad in (
+        b"{not json",
+        json.dumps({**entry, "resolved": "{'port': float('nan')}"}).encode(),
+        json.dumps({**entry, "key": "0" * 64}).encode(),
+        json.dumps(
+            {
+                **entry,
+                "events": [
+                    [
+                        "log",
+                        "stderr",
+                        {"fmt": "%(nosuchfield)s", "style": "%", "datefmt": None, "terminator": "\n"},
+                        {"msg": "m", "levelno": 20},
+                    ]
+                ],
+            }
+        ).encode(),
+    ):
         caplog.clear()
         Path(cache.path).write_bytes(bad)
         assert cache.lookup() is None
@@ -267,9 +310,20 @@ def test_changed_file_misses_and_the_directory_stays_bounded(site, tmp_path, mon
     config = tmp_path / "config.json"
     config.write_text('{"max_position_embeddings": 4096}')
     cache = lab.ParseCache.open(["--port", "1"])
-    cache.store({"format": 1, "key": cache.key, "resolved": repr({"model_path": "/m", "port": 1}),
-                 "kv_events": "None", "launch_command": "", "version": "0.5.23", "drawn": [], "events": [],
-                 "files": [[str(config), lab.file_digest(str(config))]], "dirs": [[str(tmp_path), None]]})
+    cache.store(
+        {
+            "format": 1,
+            "key": cache.key,
+            "resolved": repr({"model_path": "/m", "port": 1}),
+            "kv_events": "None",
+            "launch_command": "",
+            "version": "0.5.23",
+            "drawn": [],
+            "events": [],
+            "files": [[str(config), lab.file_digest(str(config))]],
+            "dirs": [[str(tmp_path), None]],
+        }
+    )
     assert cache.lookup() is None  # tmp_path is a directory now: its listing was "none"
     cache.store({**json.loads(Path(cache.path).read_text()), "dirs": []})
     assert cache.lookup() is not None
@@ -297,8 +351,10 @@ def normalized(log: str) -> str:
 
 def without_timings(info: dict) -> dict:
     info = {k: v for k, v in info.items() if k not in ("startup_time", "random_seed")}
-    info["internal_states"] = [{k: v for k, v in state.items() if k not in ("startup_time", "random_seed")}
-                               for state in info["internal_states"]]
+    info["internal_states"] = [
+        {k: v for k, v in state.items() if k not in ("startup_time", "random_seed")}
+        for state in info["internal_states"]
+    ]
     return info
 
 
@@ -306,8 +362,11 @@ def without_timings(info: dict) -> dict:
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("cache-models")
     for kind in ("target", "draft"):
-        subprocess.run([sys.executable, str(REPO / "lab" / "make_checkpoint.py"), kind, str(root / kind)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "lab" / "make_checkpoint.py"), kind, str(root / kind)],
+            check=True,
+            capture_output=True,
+        )
     return {kind: str(root / kind) for kind in ("target", "draft")}
 
 
@@ -335,8 +394,9 @@ def test_restart_with_the_same_argv_is_served_from_the_cache(first_start):
     entries = list(cache.glob("*.json"))
     assert len(entries) == 1 and (entries[0].stat().st_mode & 0o777) == 0o600
 
-    server = Server(first_start["tmp"], first_start["argv"], first_start["env"],
-                    python_args=("-X", "importtime"))
+    server = Server(
+        first_start["tmp"], first_start["argv"], first_start["env"], python_args=("-X", "importtime")
+    )
     try:
         server.wait_log(READY)
         TIMINGS["hit: start to ready"] = time.monotonic() - server.started
@@ -392,8 +452,12 @@ def test_a_corrupt_entry_falls_back_to_sglang_with_one_line(first_start, tmp_pat
     finally:
         server.stop()
     assert len(re.findall(r"parse cache", server.log)) == 1
-    assert re.search(rf"^\[[^]]+\] sglang-lab-server: parse cache entry {re.escape(str(entry))} ignored "
-                     r"\(corrupt: JSONDecodeError: .*\); parsing with SGLang$", server.log, re.M)
+    assert re.search(
+        rf"^\[[^]]+\] sglang-lab-server: parse cache entry {re.escape(str(entry))} ignored "
+        r"\(corrupt: JSONDecodeError: .*\); parsing with SGLang$",
+        server.log,
+        re.M,
+    )
     assert normalized(line) == normalized(re.search(r"server_args=\{.*\}", first_start["log"]).group(0))
     assert json.loads(entry.read_text())["key"] == entry.stem  # written anew
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARY = REPO / 'library'
-MODULE_UTILS = REPO / 'module_utils'
-FIXTURES = REPO / 'tests' / 'fixtures'
+LIBRARY = REPO / "library"
+MODULE_UTILS = REPO / "module_utils"
+FIXTURES = REPO / "tests" / "fixtures"
 
 # ansible.cfg sets module_utils = module_utils: make ``ansible.module_utils.sglang_*`` importable
 # here the same way Ansible does when it ships the module.
@@ -40,8 +40,8 @@ from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
 def load_module(name):
     """Import ``library/<name>.py`` afresh (module-level state never leaks between tests)."""
-    path = LIBRARY / f'{name}.py'
-    spec = importlib.util.spec_from_file_location(f'_library_{name}', path)
+    path = LIBRARY / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_library_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -59,7 +59,7 @@ def call_main(module, args):
         sys.stdout = old_stdout
     text = out.getvalue().strip()
     if not text:
-        raise AssertionError(f'{module.__name__}.main() printed nothing')
+        raise AssertionError(f"{module.__name__}.main() printed nothing")
     # The module prints exactly one JSON document (the last line when warnings print before).
     return json.loads(text.splitlines()[-1]), text
 
@@ -72,9 +72,9 @@ def run_module():
         module = load_module(name)
         result, text = call_main(module, dict(args or {}))
         _run.last_output = text
-        return result, bool(result.get('failed', False))
+        return result, bool(result.get("failed", False))
 
-    _run.last_output = ''
+    _run.last_output = ""
     return _run
 
 
@@ -85,7 +85,7 @@ def fixture_path():
     def _path(*parts):
         path = FIXTURES.joinpath(*parts)
         if not path.exists():
-            raise AssertionError(f'missing fixture {path}')
+            raise AssertionError(f"missing fixture {path}")
         return path
 
     return _path

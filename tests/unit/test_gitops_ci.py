@@ -47,8 +47,13 @@ def test_gitlab_note_is_found_by_marker_and_author(publish):
     assert module.main() == 0
     writes = [c for c in calls if c[0] != "GET"]
     # The person's note with the marker (619270) is not touched; the bot's own (619281) is updated.
-    assert writes == [("PUT", "/projects/17/merge_requests/35/notes/619281",
-                       {"body": "<!-- sglang-gitops-plan -->\n## SGLang deploy plan: 2 of 8 hosts change\n"})]
+    assert writes == [
+        (
+            "PUT",
+            "/projects/17/merge_requests/35/notes/619281",
+            {"body": "<!-- sglang-gitops-plan -->\n## SGLang deploy plan: 2 of 8 hosts change\n"},
+        )
+    ]
 
 
 def load(path: Path) -> dict:
@@ -91,16 +96,20 @@ def test_gitlab_merge_request_plan_holds_no_write_token_and_runs_the_base():
     plan = ci["plan"]
     # Only the plan account's key; the job refuses to run if a write token or the deploy key reached it.
     assert plan["variables"] == {
-        "SSH_PRIVATE_KEY": "$PLAN_SSH_PRIVATE_KEY", "SSH_KNOWN_HOSTS": "$PLAN_SSH_KNOWN_HOSTS"}
+        "SSH_PRIVATE_KEY": "$PLAN_SSH_PRIVATE_KEY",
+        "SSH_KNOWN_HOSTS": "$PLAN_SSH_KNOWN_HOSTS",
+    }
     script = plan["script"]
     assert "publish" not in json.dumps(script)
-    guard = "test -z \"${GITLAB_API_TOKEN:-}${DEPLOY_SSH_PRIVATE_KEY:-}${ANSIBLE_VAULT_PASSWORD:-}\""
+    guard = 'test -z "${GITLAB_API_TOKEN:-}${DEPLOY_SSH_PRIVATE_KEY:-}${ANSIBLE_VAULT_PASSWORD:-}"'
     assert script[0] == guard
     checkout = script.index('git checkout --quiet --force --detach "$CI_MERGE_REQUEST_DIFF_BASE_SHA"')
     assert checkout < script.index("make venv")
     assert plan["artifacts"]["expose_as"] == "plan"
     apply = ci["apply"]
-    merge_only = ('$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH && $CI_COMMIT_REF_PROTECTED == "true" '
-                  '&& $CI_PIPELINE_SOURCE == "push"')
+    merge_only = (
+        '$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH && $CI_COMMIT_REF_PROTECTED == "true" '
+        '&& $CI_PIPELINE_SOURCE == "push"'
+    )
     assert apply["rules"] == [{"if": merge_only}]
     assert apply["environment"]["name"] == "production"

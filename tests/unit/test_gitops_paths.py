@@ -107,9 +107,22 @@ def test_apply_exits_1_not_3_for_a_bad_lock_dir(tmp_path):
     shared.mkdir()
     shared.chmod(0o777)
     r = subprocess.run(
-        [sys.executable, REPO / "tools" / "gitops" / "apply", "--repo", REPO, "--inventory",
-         "inventory/sample/hosts.yml", "--lock-dir", shared, "--out", tmp_path / "out", "-q"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            REPO / "tools" / "gitops" / "apply",
+            "--repo",
+            REPO,
+            "--inventory",
+            "inventory/sample/hosts.yml",
+            "--lock-dir",
+            shared,
+            "--out",
+            tmp_path / "out",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 1, r.stderr
     assert f"--lock-dir {shared}: mode 0777" in r.stderr

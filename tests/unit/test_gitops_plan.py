@@ -33,27 +33,35 @@ def text(rel: str) -> str:
 
 
 def with_window(value: str) -> str:
-    return "\n".join(f"{WINDOW}: {value}" if ln.startswith(f"{WINDOW}:") else ln
-                     for ln in text(SGLANG_VARS).splitlines()) + "\n"
+    return (
+        "\n".join(
+            f"{WINDOW}: {value}" if ln.startswith(f"{WINDOW}:") else ln
+            for ln in text(SGLANG_VARS).splitlines()
+        )
+        + "\n"
+    )
 
 
-@pytest.mark.parametrize(("path", "mode", "kind"), [
-    (SGLANG_VARS, "100644", "data"),
-    (SAMPLE_HOSTS, "100644", "data"),
-    ("inventory/site/hosts.yml", "100755", "code"),  # executable: ansible would run it as a script
-    ("inventory/site/inventory.py", "100644", "code"),
-    ("roles/sglang/tasks/main.yml", "100644", "code"),
-    ("library/sglang_argv.py", "100644", "code"),
-    ("action_plugins/sglang_settings_check.py", "100644", "code"),
-    ("ansible.cfg", "100644", "code"),
-    ("tools/gitops/gitops.py", "100644", "code"),
-    ("templates/plan-comment.md.j2", "100644", "code"),
-    ("requirements.yml", "100644", "code"),
-    ("deploy.yml", "100644", "code"),
-    ("docs/gitops.md", "100644", "inert"),
-    ("README.md", "100644", "inert"),
-    ("tests/unit/test_x.py", "100644", "inert"),
-])
+@pytest.mark.parametrize(
+    ("path", "mode", "kind"),
+    [
+        (SGLANG_VARS, "100644", "data"),
+        (SAMPLE_HOSTS, "100644", "data"),
+        ("inventory/site/hosts.yml", "100755", "code"),  # executable: ansible would run it as a script
+        ("inventory/site/inventory.py", "100644", "code"),
+        ("roles/sglang/tasks/main.yml", "100644", "code"),
+        ("library/sglang_argv.py", "100644", "code"),
+        ("action_plugins/sglang_settings_check.py", "100644", "code"),
+        ("ansible.cfg", "100644", "code"),
+        ("tools/gitops/gitops.py", "100644", "code"),
+        ("templates/plan-comment.md.j2", "100644", "code"),
+        ("requirements.yml", "100644", "code"),
+        ("deploy.yml", "100644", "code"),
+        ("docs/gitops.md", "100644", "inert"),
+        ("README.md", "100644", "inert"),
+        ("tests/unit/test_x.py", "100644", "inert"),
+    ],
+)
 def test_classify(path, mode, kind):
     assert datacheck.classify(path, mode) == kind
 
@@ -76,9 +84,11 @@ def test_a_wrong_type_is_refused_naming_the_setting(specs):
 
 def test_a_misspelt_role_variable_is_refused_with_the_closest_option(specs):
     head = text(SGLANG_VARS) + "sglang_speculative_draft_windw_size: 4096\n"
-    with pytest.raises(datacheck.DataError,
-                       match=rf"sglang_speculative_draft_windw_size is not an option of the role sglang .*"
-                             rf"did you mean {WINDOW}\?"):
+    with pytest.raises(
+        datacheck.DataError,
+        match=rf"sglang_speculative_draft_windw_size is not an option of the role sglang .*"
+        rf"did you mean {WINDOW}\?",
+    ):
         datacheck.check_file(SGLANG_VARS, head, text(SGLANG_VARS), specs)
 
 
@@ -91,15 +101,19 @@ def test_a_template_in_new_data_is_refused(specs):
 
 def test_a_connection_setting_is_refused(specs):
     head = text(SAMPLE_HOSTS).replace(
-        "ansible_become: true", "ansible_become: true\n          ansible_ssh_common_args: -o ProxyCommand=sh")
+        "ansible_become: true", "ansible_become: true\n          ansible_ssh_common_args: -o ProxyCommand=sh"
+    )
     refused = "host gpu-node-01: ansible_ssh_common_args is a connection or privilege setting"
     with pytest.raises(datacheck.DataError, match=refused):
         datacheck.check_file(SAMPLE_HOSTS, head, text(SAMPLE_HOSTS), specs)
     # A new host with its address is data.
     added = text(SAMPLE_HOSTS).replace(
-        "      hosts:\n", "      hosts:\n        gpu-node-09:\n          ansible_host: 10.0.0.9\n")
+        "      hosts:\n", "      hosts:\n        gpu-node-09:\n          ansible_host: 10.0.0.9\n"
+    )
     assert datacheck.check_file(SAMPLE_HOSTS, added, text(SAMPLE_HOSTS), specs) == [
-        "host gpu-node-09 added", "host gpu-node-09: ansible_host"]
+        "host gpu-node-09 added",
+        "host gpu-node-09: ansible_host",
+    ]
 
 
 def test_an_inventory_plugin_and_unknown_tags_are_refused(specs):
@@ -134,8 +148,10 @@ def test_the_tree_has_the_bases_code_and_the_pull_requests_data(clone, tmp_path)
     base = sh("git", "rev-parse", "HEAD", cwd=clone)
     (clone / SGLANG_VARS).write_text(with_window("4096"))
     task = clone / "roles" / "sglang" / "tasks" / "main.yml"
-    task.write_text(task.read_text() + "\n- name: Not in any plan\n  ansible.builtin.copy:\n"
-                    "    content: x\n    dest: /tmp/pwned\n    mode: '0644'\n  check_mode: false\n")
+    task.write_text(
+        task.read_text() + "\n- name: Not in any plan\n  ansible.builtin.copy:\n"
+        "    content: x\n    dest: /tmp/pwned\n    mode: '0644'\n  check_mode: false\n"
+    )
     exe = clone / "inventory" / "sample" / "group_vars" / "gpu_nodes" / "gpu.yml"
     exe.chmod(0o755)
     head = commit_all(clone, "data, code and an executable inventory file")
@@ -146,7 +162,9 @@ def test_the_tree_has_the_bases_code_and_the_pull_requests_data(clone, tmp_path)
     assert trust["errors"] == []
     assert trust["data"] == [f"M  {SGLANG_VARS}"]
     assert trust["code"] == [
-        "M  inventory/sample/group_vars/gpu_nodes/gpu.yml", "M  roles/sglang/tasks/main.yml"]
+        "M  inventory/sample/group_vars/gpu_nodes/gpu.yml",
+        "M  roles/sglang/tasks/main.yml",
+    ]
     assert trust["data_changes"] == [f"{SGLANG_VARS}: group gpu_nodes: {WINDOW}"]
     assert f"{WINDOW}: 4096" in (tree / SGLANG_VARS).read_text()
     base_task = sh("git", "show", f"{base}:roles/sglang/tasks/main.yml", cwd=clone)
@@ -158,10 +176,28 @@ def test_refused_data_stops_the_plan_before_any_host(clone, tmp_path):
     (clone / SGLANG_VARS).write_text(with_window("\"{{ lookup('ansible.builtin.env', 'HOME') }}\""))
     head = commit_all(clone, "a template in data")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, REPO / "tools" / "gitops" / "plan", "--repo", clone, "--inventory",
-                        SAMPLE_HOSTS, "--base", "HEAD~1", "--head", head, "--out", out,
-                        "--ansible-playbook", "/bin/false"], cwd=clone, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            REPO / "tools" / "gitops" / "plan",
+            "--repo",
+            clone,
+            "--inventory",
+            SAMPLE_HOSTS,
+            "--base",
+            "HEAD~1",
+            "--head",
+            head,
+            "--out",
+            out,
+            "--ansible-playbook",
+            "/bin/false",
+        ],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert "the pull request's data was refused (nothing was planned)" in r.stderr
     md = (out / "plan.md").read_text()
@@ -171,8 +207,14 @@ def test_refused_data_stops_the_plan_before_any_host(clone, tmp_path):
 
 def test_the_plans_ansible_gets_no_secret_from_the_environment(monkeypatch, tmp_path):
     sentinel = "sentinel-plan-env-3b9e"
-    for name in ("GITLAB_API_TOKEN", "GITHUB_TOKEN", "ANSIBLE_VAULT_PASSWORD_FILE", "DEPLOY_SSH_PRIVATE_KEY",
-                 "SGLANG_API_KEY", "CI_JOB_TOKEN"):
+    for name in (
+        "GITLAB_API_TOKEN",
+        "GITHUB_TOKEN",
+        "ANSIBLE_VAULT_PASSWORD_FILE",
+        "DEPLOY_SSH_PRIVATE_KEY",
+        "SGLANG_API_KEY",
+        "CI_JOB_TOKEN",
+    ):
         monkeypatch.setenv(name, sentinel)
     monkeypatch.setenv("ANSIBLE_PRIVATE_KEY_FILE", "/run/plan/id")
     env = gitops.ansible_env(REPO, tmp_path, scrub=True)

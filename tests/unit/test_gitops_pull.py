@@ -56,17 +56,29 @@ class World:
         rc = f"$(cat {self.rc} 2>/dev/null || echo 0)"
         fake.write_text(f'#!/bin/sh\necho "$*" >> {self.calls}\nexit {rc}\n')
         fake.chmod(0o755)
-        self.cfg = {"url": str(self.up), "branch": "deploy", "allowed_signers": str(self.signers),
-                    "inventory": "inv.yml", "limit": "h1", "playbook": "deploy.yml",
-                    "state_dir": str(tmp / "state"), "ansible_pull": str(fake)}
+        self.cfg = {
+            "url": str(self.up),
+            "branch": "deploy",
+            "allowed_signers": str(self.signers),
+            "inventory": "inv.yml",
+            "limit": "h1",
+            "playbook": "deploy.yml",
+            "state_dir": str(tmp / "state"),
+            "ansible_pull": str(fake),
+        }
         (tmp / "state").mkdir(mode=0o700)
 
     def commit(self, msg: str, key: Path | None = None, date: str | None = None) -> str:
         (self.up / "inv.yml").write_text(f"# {msg}\nall: {{}}\n")
         sh("git", "-C", self.up, "add", "inv.yml")
         sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"] if key else []
-        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@lab.invalid",
-                   GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@lab.invalid")
+        env = dict(
+            os.environ,
+            GIT_AUTHOR_NAME="t",
+            GIT_AUTHOR_EMAIL="t@lab.invalid",
+            GIT_COMMITTER_NAME="t",
+            GIT_COMMITTER_EMAIL="t@lab.invalid",
+        )
         if date:
             env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
         sh("git", "-C", self.up, *sign, "commit", "--quiet", *(["-S"] if key else []), "-m", msg, env=env)
@@ -120,8 +132,11 @@ def test_a_key_outside_its_validity_is_refused_at_the_fetch_time(pull, tmp_path,
     old = w.commit("backdated", w.key, date="2020-06-01T12:00:00Z")
     # git verify-commit judges the key at the commit's own (claimed) date and accepts it.
     pinned = f"gpg.ssh.allowedSignersFile={w.signers}"
-    gv = subprocess.run(["git", "-C", w.up, "-c", "gpg.format=ssh", "-c", pinned, "verify-commit", old],
-                        capture_output=True, text=True)
+    gv = subprocess.run(
+        ["git", "-C", w.up, "-c", "gpg.format=ssh", "-c", pinned, "verify-commit", old],
+        capture_output=True,
+        text=True,
+    )
     assert gv.returncode == 0 and 'Good "git" signature' in gv.stderr, gv.stderr
     assert pull.run(w.cfg) == 1
     out = capsys.readouterr().out

@@ -10,157 +10,157 @@ import sys
 
 from conftest import REPO
 
-SENTINEL = 'SENTINEL-SECRET-9f3c'
-CLI = REPO / 'roles' / 'sglang' / 'files' / 'sglang-history'
+SENTINEL = "SENTINEL-SECRET-9f3c"
+CLI = REPO / "roles" / "sglang" / "files" / "sglang-history"
 RECORD = {
-    'invocation_id': '5f67eaa332b14ce095abdbeeeb5c0407',
-    'unit_sha256': 'ab12cd34ef56' * 5,
-    'window': 2048,
-    'budget': None,
-    'topk': 1,
-    'result': 'verified',
-    'settings': {'api_key': SENTINEL, 'launch': f'--api-key {SENTINEL} --port 30000'},
+    "invocation_id": "5f67eaa332b14ce095abdbeeeb5c0407",
+    "unit_sha256": "ab12cd34ef56" * 5,
+    "window": 2048,
+    "budget": None,
+    "topk": 1,
+    "result": "verified",
+    "settings": {"api_key": SENTINEL, "launch": f"--api-key {SENTINEL} --port 30000"},
 }
 
 
 def test_append_writes_one_redacted_line_with_mode_0640(run_module, tmp_path):
-    path = tmp_path / 'deploy' / 'history.jsonl'
+    path = tmp_path / "deploy" / "history.jsonl"
     result, failed = run_module(
-        'sglang_history', {'path': str(path), 'record': RECORD, 'secret_values': [SENTINEL]}
+        "sglang_history", {"path": str(path), "record": RECORD, "secret_values": [SENTINEL]}
     )
-    assert not failed and result['changed'] is True
+    assert not failed and result["changed"] is True
     assert SENTINEL not in run_module.last_output
     text = path.read_text()
     assert SENTINEL not in text
-    assert text.count('\n') == 1
+    assert text.count("\n") == 1
     line = json.loads(text)
-    assert line['settings'] == {'api_key': '<redacted>', 'launch': '--api-key <redacted> --port 30000'}
-    assert line['window'] == 2048 and line['time'].endswith('Z')
+    assert line["settings"] == {"api_key": "<redacted>", "launch": "--api-key <redacted> --port 30000"}
+    assert line["window"] == 2048 and line["time"].endswith("Z")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
     result2, _ = run_module(
-        'sglang_history', {'path': str(path), 'record': dict(RECORD, result='rolled-back')}
+        "sglang_history", {"path": str(path), "record": dict(RECORD, result="rolled-back")}
     )
-    assert result2['changed'] is True
-    assert [json.loads(x)['result'] for x in path.read_text().splitlines()] == ['verified', 'rolled-back']
+    assert result2["changed"] is True
+    assert [json.loads(x)["result"] for x in path.read_text().splitlines()] == ["verified", "rolled-back"]
 
 
 def test_check_mode_reports_changed_and_writes_nothing(run_module, tmp_path):
-    path = tmp_path / 'history.jsonl'
+    path = tmp_path / "history.jsonl"
     result, failed = run_module(
-        'sglang_history', {'path': str(path), 'record': RECORD, '_ansible_check_mode': True}
+        "sglang_history", {"path": str(path), "record": RECORD, "_ansible_check_mode": True}
     )
-    assert not failed and result['changed'] is True
+    assert not failed and result["changed"] is True
     assert not path.exists()
 
 
 def test_list_returns_last_n_and_counts_bad_lines(run_module, tmp_path):
-    path = tmp_path / 'history.jsonl'
-    lines = [json.dumps({'time': f't{i}', 'result': 'verified'}) for i in range(5)]
-    path.write_text('\n'.join(lines[:3] + ['{not json', '[1, 2]'] + lines[3:]) + '\n')
-    result, failed = run_module('sglang_history', {'path': str(path), 'limit': 2})
-    assert not failed and result['changed'] is False
-    assert [r['time'] for r in result['records']] == ['t3', 't4']
-    assert result['skipped_lines'] == 2
+    path = tmp_path / "history.jsonl"
+    lines = [json.dumps({"time": f"t{i}", "result": "verified"}) for i in range(5)]
+    path.write_text("\n".join(lines[:3] + ["{not json", "[1, 2]"] + lines[3:]) + "\n")
+    result, failed = run_module("sglang_history", {"path": str(path), "limit": 2})
+    assert not failed and result["changed"] is False
+    assert [r["time"] for r in result["records"]] == ["t3", "t4"]
+    assert result["skipped_lines"] == 2
 
 
 def test_list_of_missing_file_is_empty(run_module, tmp_path):
-    result, failed = run_module('sglang_history', {'path': str(tmp_path / 'none.jsonl')})
-    assert not failed and result['records'] == [] and result['changed'] is False
+    result, failed = run_module("sglang_history", {"path": str(tmp_path / "none.jsonl")})
+    assert not failed and result["records"] == [] and result["changed"] is False
 
 
 def test_negative_limit_fails_naming_the_option(run_module, tmp_path):
-    result, failed = run_module('sglang_history', {'path': str(tmp_path / 'h.jsonl'), 'limit': -1})
-    assert failed and 'limit must be >= 0' in result['msg']
+    result, failed = run_module("sglang_history", {"path": str(tmp_path / "h.jsonl"), "limit": -1})
+    assert failed and "limit must be >= 0" in result["msg"]
 
 
 def test_unwritable_path_fails_naming_the_file(run_module, tmp_path):
-    blocker = tmp_path / 'file'
-    blocker.write_text('')
-    path = blocker / 'history.jsonl'
-    result, failed = run_module('sglang_history', {'path': str(path), 'record': RECORD})
-    assert failed and str(path) in result['msg']
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = blocker / "history.jsonl"
+    result, failed = run_module("sglang_history", {"path": str(path), "record": RECORD})
+    assert failed and str(path) in result["msg"]
 
 
 def test_cli_table_and_json(run_module, tmp_path):
-    path = tmp_path / 'history.jsonl'
-    run_module('sglang_history', {'path': str(path), 'record': RECORD, 'secret_values': [SENTINEL]})
+    path = tmp_path / "history.jsonl"
+    run_module("sglang_history", {"path": str(path), "record": RECORD, "secret_values": [SENTINEL]})
     out = subprocess.run(
-        [sys.executable, str(CLI), '--file', str(path)], capture_output=True, text=True, check=True
+        [sys.executable, str(CLI), "--file", str(path)], capture_output=True, text=True, check=True
     )
     header, row = out.stdout.splitlines()
-    assert header.split() == ['TIME', 'INVOCATION', 'UNIT', 'WINDOW/BUDGET/TOPK', 'RESULT']
-    assert '5f67eaa332b1' in row and 'ab12cd34ef56' in row and '2048/-/1' in row and row.endswith('verified')
+    assert header.split() == ["TIME", "INVOCATION", "UNIT", "WINDOW/BUDGET/TOPK", "RESULT"]
+    assert "5f67eaa332b1" in row and "ab12cd34ef56" in row and "2048/-/1" in row and row.endswith("verified")
     js = subprocess.run(
-        [sys.executable, str(CLI), '--file', str(path), '--json'], capture_output=True, text=True, check=True
+        [sys.executable, str(CLI), "--file", str(path), "--json"], capture_output=True, text=True, check=True
     )
-    assert json.loads(js.stdout)[0]['invocation_id'] == RECORD['invocation_id']
+    assert json.loads(js.stdout)[0]["invocation_id"] == RECORD["invocation_id"]
     missing = subprocess.run(
-        [sys.executable, str(CLI), '--file', str(tmp_path / 'x')], capture_output=True, text=True
+        [sys.executable, str(CLI), "--file", str(tmp_path / "x")], capture_output=True, text=True
     )
-    assert missing.returncode == 1 and 'no history yet' in missing.stderr
+    assert missing.returncode == 1 and "no history yet" in missing.stderr
 
 
 def test_known_good_keeps_the_verified_files_and_records_their_hashes(run_module, tmp_path):
     import hashlib
 
-    unit = tmp_path / 'sglang.service'
-    env = tmp_path / 'sglang.env'
-    unit.write_text('[Service]\nExecStart=/bin/true\n')
-    env.write_text(f'SGLANG_API_KEY={SENTINEL}\n')
-    good = tmp_path / 'known-good'
-    history = tmp_path / 'history.jsonl'
+    unit = tmp_path / "sglang.service"
+    env = tmp_path / "sglang.env"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    env.write_text(f"SGLANG_API_KEY={SENTINEL}\n")
+    good = tmp_path / "known-good"
+    history = tmp_path / "history.jsonl"
     args = {
-        'path': str(history),
-        'record': {'result': 'verified', 'window': 2048},
-        'known_good': {
-            'dir': str(good),
-            'files': {'unit': str(unit), 'env': str(env)},
-            'meta_name': 'sglang.json',
-            'meta': {'unit': 'sglang.service', 'expected': {'speculative_draft_window_size': 2048}},
-            'api_key': SENTINEL,
+        "path": str(history),
+        "record": {"result": "verified", "window": 2048},
+        "known_good": {
+            "dir": str(good),
+            "files": {"unit": str(unit), "env": str(env)},
+            "meta_name": "sglang.json",
+            "meta": {"unit": "sglang.service", "expected": {"speculative_draft_window_size": 2048}},
+            "api_key": SENTINEL,
         },
     }
-    result, failed = run_module('sglang_history', args)
+    result, failed = run_module("sglang_history", args)
     assert not failed, result
     assert SENTINEL not in run_module.last_output
-    sha = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in (('unit', unit), ('env', env))}
+    sha = {name: hashlib.sha256(p.read_bytes()).hexdigest() for name, p in (("unit", unit), ("env", env))}
     line = json.loads(history.read_text())
-    assert line['unit_sha256'] == sha['unit'] and line['env_sha256'] == sha['env']
+    assert line["unit_sha256"] == sha["unit"] and line["env_sha256"] == sha["env"]
     assert SENTINEL not in history.read_text()
-    assert (good / 'sglang.service').read_bytes() == unit.read_bytes()
-    assert (good / 'sglang.env').read_bytes() == env.read_bytes()
-    meta = json.loads((good / 'sglang.json').read_text())
+    assert (good / "sglang.service").read_bytes() == unit.read_bytes()
+    assert (good / "sglang.env").read_bytes() == env.read_bytes()
+    meta = json.loads((good / "sglang.json").read_text())
     assert (
-        meta['api_key'] == SENTINEL
-        and meta['unit_sha256'] == sha['unit']
-        and meta['env_sha256'] == sha['env']
+        meta["api_key"] == SENTINEL
+        and meta["unit_sha256"] == sha["unit"]
+        and meta["env_sha256"] == sha["env"]
     )
-    assert meta['expected'] == {'speculative_draft_window_size': 2048}
+    assert meta["expected"] == {"speculative_draft_window_size": 2048}
     assert stat.S_IMODE(os.stat(good).st_mode) == 0o700
-    for name in ('sglang.service', 'sglang.env', 'sglang.json'):
+    for name in ("sglang.service", "sglang.env", "sglang.json"):
         assert stat.S_IMODE(os.stat(good / name).st_mode) == 0o600, name
-    assert sorted(p.name for p in good.iterdir()) == ['sglang.env', 'sglang.json', 'sglang.service']
+    assert sorted(p.name for p in good.iterdir()) == ["sglang.env", "sglang.json", "sglang.service"]
 
 
 def test_known_good_in_check_mode_and_with_a_missing_file(run_module, tmp_path):
-    unit = tmp_path / 'sglang.service'
-    unit.write_text('[Service]\n')
-    good = tmp_path / 'known-good'
-    spec = {'dir': str(good), 'files': {'unit': str(unit)}, 'meta_name': 'm.json'}
+    unit = tmp_path / "sglang.service"
+    unit.write_text("[Service]\n")
+    good = tmp_path / "known-good"
+    spec = {"dir": str(good), "files": {"unit": str(unit)}, "meta_name": "m.json"}
     result, failed = run_module(
-        'sglang_history',
+        "sglang_history",
         {
-            'path': str(tmp_path / 'h.jsonl'),
-            'record': {'result': 'verified'},
-            'known_good': spec,
-            '_ansible_check_mode': True,
+            "path": str(tmp_path / "h.jsonl"),
+            "record": {"result": "verified"},
+            "known_good": spec,
+            "_ansible_check_mode": True,
         },
     )
-    assert not failed and not good.exists() and not (tmp_path / 'h.jsonl').exists()
-    spec['files']['env'] = str(tmp_path / 'missing.env')
+    assert not failed and not good.exists() and not (tmp_path / "h.jsonl").exists()
+    spec["files"]["env"] = str(tmp_path / "missing.env")
     result, failed = run_module(
-        'sglang_history',
-        {'path': str(tmp_path / 'h.jsonl'), 'record': {'result': 'verified'}, 'known_good': spec},
+        "sglang_history",
+        {"path": str(tmp_path / "h.jsonl"), "record": {"result": "verified"}, "known_good": spec},
     )
-    assert failed and 'missing.env' in result['msg'] and 'known-good' in result['msg']
-    assert not good.exists() and not (tmp_path / 'h.jsonl').exists()
+    assert failed and "missing.env" in result["msg"] and "known-good" in result["msg"]
+    assert not good.exists() and not (tmp_path / "h.jsonl").exists()

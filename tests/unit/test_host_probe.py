@@ -20,16 +20,16 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_systemd import parse_show
 from conftest import FIXTURES
 
-RECORDED = FIXTURES / 'host_probe'
+RECORDED = FIXTURES / "host_probe"
 HISTORY_CLI = b'#!/usr/bin/python3\nprint("history")\n'
 SHA1 = hashlib.sha1(HISTORY_CLI).hexdigest()
 ME = pwd.getpwuid(os.geteuid())
 MY_GROUP = grp.getgrgid(os.getegid()).gr_name
 # An account that exists and owns none of the test's files.
-OTHER = 'nobody' if ME.pw_name != 'nobody' else 'root'
-OTHER_GROUP = 'nogroup' if MY_GROUP != 'nogroup' else 'root'
-OTHER_SHELL = '/usr/sbin/nologin' if ME.pw_shell != '/usr/sbin/nologin' else '/bin/sh'
-ABSENT = 'sglang-probe-test-absent'
+OTHER = "nobody" if ME.pw_name != "nobody" else "root"
+OTHER_GROUP = "nogroup" if MY_GROUP != "nogroup" else "root"
+OTHER_SHELL = "/usr/sbin/nologin" if ME.pw_shell != "/usr/sbin/nologin" else "/bin/sh"
+ABSENT = "sglang-probe-test-absent"
 
 
 def recorded(name):
@@ -40,52 +40,62 @@ def recorded(name):
 def host(monkeypatch):
     """Answers dpkg-query and systemctl from the recordings chosen in ``host['dpkg']`` / ``host['show']``,
     after checking that the module runs exactly the recorded command; ``host['warned']``: its warnings."""
-    state = {'dpkg': 'dpkg-controller-role-packages.json', 'show': 'show-lab-running.json', 'calls': [],
-             'warned': []}
+    state = {
+        "dpkg": "dpkg-controller-role-packages.json",
+        "show": "show-lab-running.json",
+        "calls": [],
+        "warned": [],
+    }
 
     def fake(self, cmd, **kwargs):
         name = os.path.basename(cmd[0])
-        state['calls'].append(name)
-        assert kwargs.get('environ_update', {}).get('LANG') == 'C', kwargs
-        rec = recorded(state['dpkg'] if name == 'dpkg-query' else state['show'])
-        assert [name, *cmd[1:]] == rec['argv'], f'the module ran {cmd}, the recording answers {rec["argv"]}'
-        return rec['rc'], rec['stdout'], rec['stderr']
+        state["calls"].append(name)
+        assert kwargs.get("environ_update", {}).get("LANG") == "C", kwargs
+        rec = recorded(state["dpkg"] if name == "dpkg-query" else state["show"])
+        assert [name, *cmd[1:]] == rec["argv"], f"the module ran {cmd}, the recording answers {rec['argv']}"
+        return rec["rc"], rec["stdout"], rec["stderr"]
 
-    monkeypatch.setattr(AnsibleModule, 'run_command', fake)
+    monkeypatch.setattr(AnsibleModule, "run_command", fake)
     # Where a warning ends up (the result or stderr) depends on ansible-core's global state: collect them.
-    monkeypatch.setattr(AnsibleModule, 'warn', lambda self, text: state['warned'].append(text))
+    monkeypatch.setattr(AnsibleModule, "warn", lambda self, text: state["warned"].append(text))
     monkeypatch.setattr(
         AnsibleModule,
-        'get_bin_path',
-        lambda self, name, required=False, opt_dirs=None: shutil.which(name) or f'/usr/bin/{name}',
+        "get_bin_path",
+        lambda self, name, required=False, opt_dirs=None: shutil.which(name) or f"/usr/bin/{name}",
     )
     return state
 
 
 def want(root):
     """What the role asks for (roles/sglang/vars/main.yml __sglang_probe_want), under ``root``."""
-    mine = {'owner': ME.pw_name, 'group': MY_GROUP}
+    mine = {"owner": ME.pw_name, "group": MY_GROUP}
     return {
-        'venv': str(root / 'venv'),
-        'marker': str(root / 'venv' / 'sglang-deploy-install.json'),
-        'packages': ['python3-venv', 'rsync', 'git'],
-        'dirs': [
-            {'path': str(root / 'etc'), **mine, 'mode': '0755'},
-            {'path': str(root / 'state'), **mine, 'mode': '0750'},
-            {'path': str(root / 'state' / 'known-good'), **mine, 'mode': '0700'},
+        "venv": str(root / "venv"),
+        "marker": str(root / "venv" / "sglang-deploy-install.json"),
+        "packages": ["python3-venv", "rsync", "git"],
+        "dirs": [
+            {"path": str(root / "etc"), **mine, "mode": "0755"},
+            {"path": str(root / "state"), **mine, "mode": "0750"},
+            {"path": str(root / "state" / "known-good"), **mine, "mode": "0700"},
         ],
-        'user_dirs': [str(root / 'home'), str(root / 'home' / '.cache')],
-        'user_dir_mode': '0750',
-        'user': {'name': ME.pw_name, 'group': grp.getgrgid(ME.pw_gid).gr_name, 'home': ME.pw_dir,
-                 'shell': ME.pw_shell},
-        'files': [{'path': str(root / 'bin' / 'sglang-history'), 'sha1': SHA1,
-                   'mode': '0755', **mine}],
-        'unit': 'sglang.service',
-        'sha256': {'unit': str(root / 'etc' / 'sglang.service'), 'env': str(root / 'etc' / 'sglang.env'),
-                   'known_good_unit': str(root / 'state' / 'known-good' / 'sglang.service')},
-        'modes': {
-            'unit': {'path': str(root / 'etc' / 'sglang.service'), 'mode': '0644', **mine},
-            'env': {'path': str(root / 'etc' / 'sglang.env'), 'mode': '0600', **mine},
+        "user_dirs": [str(root / "home"), str(root / "home" / ".cache")],
+        "user_dir_mode": "0750",
+        "user": {
+            "name": ME.pw_name,
+            "group": grp.getgrgid(ME.pw_gid).gr_name,
+            "home": ME.pw_dir,
+            "shell": ME.pw_shell,
+        },
+        "files": [{"path": str(root / "bin" / "sglang-history"), "sha1": SHA1, "mode": "0755", **mine}],
+        "unit": "sglang.service",
+        "sha256": {
+            "unit": str(root / "etc" / "sglang.service"),
+            "env": str(root / "etc" / "sglang.env"),
+            "known_good_unit": str(root / "state" / "known-good" / "sglang.service"),
+        },
+        "modes": {
+            "unit": {"path": str(root / "etc" / "sglang.service"), "mode": "0644", **mine},
+            "env": {"path": str(root / "etc" / "sglang.env"), "mode": "0600", **mine},
         },
     }
 
@@ -103,21 +113,21 @@ def make_file(path, data, mode):
 
 def build_good_host(root):
     """Everything ``want(root)`` asks for, the venv holding the recorded SGLang 0.5.23 METADATA."""
-    site = root / 'venv' / 'lib' / 'python3.11' / 'site-packages'
-    make_file(root / 'venv' / 'bin' / 'python', b'', 0o755)
-    metadata = (RECORDED / 'sglang-0.5.23.METADATA').read_bytes()
-    make_file(site / 'sglang-0.5.23.dist-info' / 'METADATA', metadata, 0o644)
-    marker = (RECORDED / 'marker-lab.json').read_bytes()
-    make_file(root / 'venv' / 'sglang-deploy-install.json', marker, 0o644)
-    make_dir(root / 'etc', 0o755)
-    make_dir(root / 'state', 0o750)
-    make_dir(root / 'state' / 'known-good', 0o700)
-    make_dir(root / 'home', 0o750)
-    make_dir(root / 'home' / '.cache', 0o750)
-    make_file(root / 'bin' / 'sglang-history', HISTORY_CLI, 0o755)
-    make_file(root / 'etc' / 'sglang.service', b'[Service]\nExecStart=/bin/true\n', 0o644)
-    make_file(root / 'etc' / 'sglang.env', b'HF_HOME=/var/lib/sglang/.cache/huggingface\n', 0o600)
-    shutil.copy(root / 'etc' / 'sglang.service', root / 'state' / 'known-good' / 'sglang.service')
+    site = root / "venv" / "lib" / "python3.11" / "site-packages"
+    make_file(root / "venv" / "bin" / "python", b"", 0o755)
+    metadata = (RECORDED / "sglang-0.5.23.METADATA").read_bytes()
+    make_file(site / "sglang-0.5.23.dist-info" / "METADATA", metadata, 0o644)
+    marker = (RECORDED / "marker-lab.json").read_bytes()
+    make_file(root / "venv" / "sglang-deploy-install.json", marker, 0o644)
+    make_dir(root / "etc", 0o755)
+    make_dir(root / "state", 0o750)
+    make_dir(root / "state" / "known-good", 0o700)
+    make_dir(root / "home", 0o750)
+    make_dir(root / "home" / ".cache", 0o750)
+    make_file(root / "bin" / "sglang-history", HISTORY_CLI, 0o755)
+    make_file(root / "etc" / "sglang.service", b"[Service]\nExecStart=/bin/true\n", 0o644)
+    make_file(root / "etc" / "sglang.env", b"HF_HOME=/var/lib/sglang/.cache/huggingface\n", 0o600)
+    shutil.copy(root / "etc" / "sglang.service", root / "state" / "known-good" / "sglang.service")
 
 
 def sha256(path):
@@ -126,109 +136,111 @@ def sha256(path):
 
 def test_nothing_installed_yet(run_module, host, tmp_path):
     """A fresh host: no venv, marker, directories, account, files or unit; none of the packages."""
-    host['dpkg'] = 'dpkg-lab-removed.json'
-    host['show'] = 'show-lab-not-found.json'
+    host["dpkg"] = "dpkg-lab-removed.json"
+    host["show"] = "show-lab-not-found.json"
     args = want(tmp_path)
-    args['user'] = {'name': ABSENT, 'group': ABSENT, 'home': str(tmp_path / 'home'), 'shell': OTHER_SHELL}
+    args["user"] = {"name": ABSENT, "group": ABSENT, "home": str(tmp_path / "home"), "shell": OTHER_SHELL}
     with pytest.raises(KeyError):
         pwd.getpwnam(ABSENT)
-    result, failed = run_module('sglang_host_probe', args)
+    result, failed = run_module("sglang_host_probe", args)
     assert not failed, result
-    probe = {k: v for k, v in result.items() if k != 'invocation'}
+    probe = {k: v for k, v in result.items() if k != "invocation"}
     assert probe == {
-        'changed': False,
-        'venv': False,
-        'versions': [],
-        'marker': None,
-        'missing_packages': ['python3-venv', 'rsync', 'git'],
-        'bad_dirs': [d['path'] for d in args['dirs']] + args['user_dirs'],
-        'group_ok': False,
-        'user_ok': False,
-        'bad_files': [args['files'][0]['path']],
-        'sha256': {'unit': None, 'env': None, 'known_good_unit': None},
-        'modes_ok': {'unit': False, 'env': False},
-        'systemd': parse_show(recorded('show-lab-not-found.json')['stdout']),
+        "changed": False,
+        "venv": False,
+        "versions": [],
+        "marker": None,
+        "missing_packages": ["python3-venv", "rsync", "git"],
+        "bad_dirs": [d["path"] for d in args["dirs"]] + args["user_dirs"],
+        "group_ok": False,
+        "user_ok": False,
+        "bad_files": [args["files"][0]["path"]],
+        "sha256": {"unit": None, "env": None, "known_good_unit": None},
+        "modes_ok": {"unit": False, "env": False},
+        "systemd": parse_show(recorded("show-lab-not-found.json")["stdout"]),
     }
-    assert probe['systemd']['LoadState'] == 'not-found'
+    assert probe["systemd"]["LoadState"] == "not-found"
 
 
-@pytest.mark.parametrize('check_mode', [False, True], ids=['run', 'check_mode'])
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check_mode"])
 def test_everything_as_wanted(run_module, host, tmp_path, check_mode):
     build_good_host(tmp_path)
-    before = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob('*'))
-    result, failed = run_module('sglang_host_probe', {**want(tmp_path), '_ansible_check_mode': check_mode})
+    before = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    result, failed = run_module("sglang_host_probe", {**want(tmp_path), "_ansible_check_mode": check_mode})
     assert not failed, result
-    assert result['changed'] is False
-    assert result['venv'] is True
-    assert result['versions'] == ['0.5.23']
-    assert result['marker'] == recorded('marker-lab.json')
-    assert result['missing_packages'] == []
-    assert result['bad_dirs'] == [] and result['bad_files'] == []
-    assert result['group_ok'] is True and result['user_ok'] is True
-    assert result['sha256'] == {
-        'unit': sha256(tmp_path / 'etc' / 'sglang.service'),
-        'env': sha256(tmp_path / 'etc' / 'sglang.env'),
-        'known_good_unit': sha256(tmp_path / 'etc' / 'sglang.service'),
+    assert result["changed"] is False
+    assert result["venv"] is True
+    assert result["versions"] == ["0.5.23"]
+    assert result["marker"] == recorded("marker-lab.json")
+    assert result["missing_packages"] == []
+    assert result["bad_dirs"] == [] and result["bad_files"] == []
+    assert result["group_ok"] is True and result["user_ok"] is True
+    assert result["sha256"] == {
+        "unit": sha256(tmp_path / "etc" / "sglang.service"),
+        "env": sha256(tmp_path / "etc" / "sglang.env"),
+        "known_good_unit": sha256(tmp_path / "etc" / "sglang.service"),
     }
-    assert result['modes_ok'] == {'unit': True, 'env': True}
-    assert result['systemd'] == parse_show(recorded('show-lab-running.json')['stdout'])
-    assert result['systemd']['LoadState'] == 'loaded' and result['systemd']['UnitFileState'] == 'enabled'
-    assert sorted(host['calls']) == ['dpkg-query', 'systemctl'] and host['warned'] == []
-    assert sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob('*')) == before
+    assert result["modes_ok"] == {"unit": True, "env": True}
+    assert result["systemd"] == parse_show(recorded("show-lab-running.json")["stdout"])
+    assert result["systemd"]["LoadState"] == "loaded" and result["systemd"]["UnitFileState"] == "enabled"
+    assert sorted(host["calls"]) == ["dpkg-query", "systemctl"] and host["warned"] == []
+    assert sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
 
 
 def test_packages_listed_out_of_order_and_unknown_ones(run_module, host, tmp_path):
     """dpkg-query lists in its own order and names an unknown package only on stderr (rc 1)."""
     build_good_host(tmp_path)
-    host['dpkg'] = 'dpkg-controller-python3-rsync-nonexistent.json'
-    args = {**want(tmp_path), 'packages': ['python3', 'rsync', 'nonexistent-pkg']}
-    result, failed = run_module('sglang_host_probe', args)
+    host["dpkg"] = "dpkg-controller-python3-rsync-nonexistent.json"
+    args = {**want(tmp_path), "packages": ["python3", "rsync", "nonexistent-pkg"]}
+    result, failed = run_module("sglang_host_probe", args)
     assert not failed, result
-    assert result['missing_packages'] == ['nonexistent-pkg']
-    assert host['warned'] == []
+    assert result["missing_packages"] == ["nonexistent-pkg"]
+    assert host["warned"] == []
 
 
 def test_wrong_mode_owner_content_and_account(run_module, host, tmp_path):
     build_good_host(tmp_path)
     args = want(tmp_path)
-    (tmp_path / 'etc').chmod(0o775)  # group-writable configuration directory
-    args['dirs'][2]['owner'] = OTHER  # known-good owned by someone else than the role wants
-    (tmp_path / 'home' / '.cache').chmod(0o755)
-    (tmp_path / 'etc' / 'sglang.env').chmod(0o644)  # the secret readable by every local user
-    args['modes']['unit']['group'] = OTHER_GROUP
-    (tmp_path / 'bin' / 'sglang-history').write_bytes(HISTORY_CLI + b'# edited\n')
-    args['user']['shell'] = OTHER_SHELL
-    result, failed = run_module('sglang_host_probe', args)
+    (tmp_path / "etc").chmod(0o775)  # group-writable configuration directory
+    args["dirs"][2]["owner"] = OTHER  # known-good owned by someone else than the role wants
+    (tmp_path / "home" / ".cache").chmod(0o755)
+    (tmp_path / "etc" / "sglang.env").chmod(0o644)  # the secret readable by every local user
+    args["modes"]["unit"]["group"] = OTHER_GROUP
+    (tmp_path / "bin" / "sglang-history").write_bytes(HISTORY_CLI + b"# edited\n")
+    args["user"]["shell"] = OTHER_SHELL
+    result, failed = run_module("sglang_host_probe", args)
     assert not failed, result
-    assert result['bad_dirs'] == [
-        str(tmp_path / 'etc'), str(tmp_path / 'state' / 'known-good'), str(tmp_path / 'home' / '.cache')
+    assert result["bad_dirs"] == [
+        str(tmp_path / "etc"),
+        str(tmp_path / "state" / "known-good"),
+        str(tmp_path / "home" / ".cache"),
     ]
-    assert result['modes_ok'] == {'unit': False, 'env': False}
-    assert result['bad_files'] == [str(tmp_path / 'bin' / 'sglang-history')]
-    assert result['group_ok'] is True and result['user_ok'] is False
+    assert result["modes_ok"] == {"unit": False, "env": False}
+    assert result["bad_files"] == [str(tmp_path / "bin" / "sglang-history")]
+    assert result["group_ok"] is True and result["user_ok"] is False
     # The hashes are of what is on disk, whatever the mode.
-    assert result['sha256']['env'] == sha256(tmp_path / 'etc' / 'sglang.env')
+    assert result["sha256"]["env"] == sha256(tmp_path / "etc" / "sglang.env")
 
 
 def test_a_symlink_is_neither_a_directory_nor_a_file(run_module, host, tmp_path):
     build_good_host(tmp_path)
-    (tmp_path / 'real-cache').mkdir(mode=0o750)
-    (tmp_path / 'real-cache').chmod(0o750)
-    (tmp_path / 'home' / '.cache').rmdir()
-    (tmp_path / 'home' / '.cache').symlink_to(tmp_path / 'real-cache')
-    (tmp_path / 'real-history').write_bytes(HISTORY_CLI)
-    (tmp_path / 'real-history').chmod(0o755)
-    (tmp_path / 'bin' / 'sglang-history').unlink()
-    (tmp_path / 'bin' / 'sglang-history').symlink_to(tmp_path / 'real-history')
-    (tmp_path / 'etc' / 'sglang.env').rename(tmp_path / 'real-env')
-    (tmp_path / 'etc' / 'sglang.env').symlink_to(tmp_path / 'real-env')
-    result, failed = run_module('sglang_host_probe', want(tmp_path))
+    (tmp_path / "real-cache").mkdir(mode=0o750)
+    (tmp_path / "real-cache").chmod(0o750)
+    (tmp_path / "home" / ".cache").rmdir()
+    (tmp_path / "home" / ".cache").symlink_to(tmp_path / "real-cache")
+    (tmp_path / "real-history").write_bytes(HISTORY_CLI)
+    (tmp_path / "real-history").chmod(0o755)
+    (tmp_path / "bin" / "sglang-history").unlink()
+    (tmp_path / "bin" / "sglang-history").symlink_to(tmp_path / "real-history")
+    (tmp_path / "etc" / "sglang.env").rename(tmp_path / "real-env")
+    (tmp_path / "etc" / "sglang.env").symlink_to(tmp_path / "real-env")
+    result, failed = run_module("sglang_host_probe", want(tmp_path))
     assert not failed, result
-    assert result['bad_dirs'] == [str(tmp_path / 'home' / '.cache')]
-    assert result['bad_files'] == [str(tmp_path / 'bin' / 'sglang-history')]
-    assert result['modes_ok'] == {'unit': True, 'env': False}
+    assert result["bad_dirs"] == [str(tmp_path / "home" / ".cache")]
+    assert result["bad_files"] == [str(tmp_path / "bin" / "sglang-history")]
+    assert result["modes_ok"] == {"unit": True, "env": False}
     # The hash is of the content it points to: the modes check is what refuses the link.
-    assert result['sha256']['env'] == sha256(tmp_path / 'real-env')
+    assert result["sha256"]["env"] == sha256(tmp_path / "real-env")
 
 
 @pytest.fixture
@@ -237,7 +249,7 @@ def traversable_tmp(tmp_path):
     if os.geteuid() != 0:
         yield tmp_path
         return
-    with tempfile.TemporaryDirectory(prefix='host-probe-') as name:
+    with tempfile.TemporaryDirectory(prefix="host-probe-") as name:
         os.chmod(name, 0o755)
         yield Path(name)
 
@@ -248,7 +260,7 @@ def without_root():
     if os.geteuid() != 0:
         yield
         return
-    nobody = pwd.getpwnam('nobody')
+    nobody = pwd.getpwnam("nobody")
     os.setegid(nobody.pw_gid)
     os.seteuid(nobody.pw_uid)
     try:
@@ -264,67 +276,74 @@ def test_what_it_cannot_read_is_not_good_and_no_error(run_module, host, traversa
     root = traversable_tmp
     build_good_host(root)
     args = want(root)
-    for name in ('venv/sglang-deploy-install.json', 'etc/sglang.env', 'bin/sglang-history',
-                 'venv/lib/python3.11/site-packages/sglang-0.5.23.dist-info/METADATA'):
+    for name in (
+        "venv/sglang-deploy-install.json",
+        "etc/sglang.env",
+        "bin/sglang-history",
+        "venv/lib/python3.11/site-packages/sglang-0.5.23.dist-info/METADATA",
+    ):
         (root / name).chmod(0o000)
-    (root / 'state').chmod(0o000)
-    args['dirs'][1]['mode'] = '0000'
+    (root / "state").chmod(0o000)
+    args["dirs"][1]["mode"] = "0000"
     # The home reachable by the account the module runs as (as root: nobody), so that only state/ is not.
-    args['user_dir_mode'] = '0755'
-    (root / 'home').chmod(0o755)
-    (root / 'home' / '.cache').chmod(0o755)
-    args['modes']['env']['mode'] = '0000'
-    args['files'][0]['mode'] = '0000'
+    args["user_dir_mode"] = "0755"
+    (root / "home").chmod(0o755)
+    (root / "home" / ".cache").chmod(0o755)
+    args["modes"]["env"]["mode"] = "0000"
+    args["files"][0]["mode"] = "0000"
     try:
         with without_root():
-            result, failed = run_module('sglang_host_probe', args)
+            result, failed = run_module("sglang_host_probe", args)
     finally:
-        (root / 'state').chmod(0o750)
+        (root / "state").chmod(0o750)
     assert not failed, result
-    assert result['venv'] is True
-    assert result['versions'] == []
-    assert result['marker'] is None
-    assert result['bad_dirs'] == [str(root / 'state' / 'known-good')]
-    assert result['bad_files'] == [str(root / 'bin' / 'sglang-history')]
-    assert result['sha256'] == {'unit': sha256(root / 'etc' / 'sglang.service'), 'env': None,
-                                'known_good_unit': None}
-    assert result['modes_ok'] == {'unit': True, 'env': True}
-    assert host['warned'] == []
+    assert result["venv"] is True
+    assert result["versions"] == []
+    assert result["marker"] is None
+    assert result["bad_dirs"] == [str(root / "state" / "known-good")]
+    assert result["bad_files"] == [str(root / "bin" / "sglang-history")]
+    assert result["sha256"] == {
+        "unit": sha256(root / "etc" / "sglang.service"),
+        "env": None,
+        "known_good_unit": None,
+    }
+    assert result["modes_ok"] == {"unit": True, "env": True}
+    assert host["warned"] == []
 
 
 def test_missing_unit(run_module, host, tmp_path):
     """Everything installed, the unit not (yet): systemd's own answer, LoadState=not-found."""
     build_good_host(tmp_path)
-    host['show'] = 'show-lab-not-found.json'
-    result, failed = run_module('sglang_host_probe', want(tmp_path))
+    host["show"] = "show-lab-not-found.json"
+    result, failed = run_module("sglang_host_probe", want(tmp_path))
     assert not failed, result
-    assert result['systemd'] == parse_show(recorded('show-lab-not-found.json')['stdout'])
-    assert result['systemd']['LoadState'] == 'not-found' and result['systemd']['UnitFileState'] == ''
-    assert result['bad_dirs'] == [] and result['bad_files'] == [] and result['missing_packages'] == []
+    assert result["systemd"] == parse_show(recorded("show-lab-not-found.json")["stdout"])
+    assert result["systemd"]["LoadState"] == "not-found" and result["systemd"]["UnitFileState"] == ""
+    assert result["bad_dirs"] == [] and result["bad_files"] == [] and result["missing_packages"] == []
 
 
 def test_systemctl_that_cannot_answer_leaves_the_state_unknown_with_a_warning(run_module, host, tmp_path):
     build_good_host(tmp_path)
-    host['show'] = 'show-controller-no-systemd.json'
-    result, failed = run_module('sglang_host_probe', want(tmp_path))
+    host["show"] = "show-controller-no-systemd.json"
+    result, failed = run_module("sglang_host_probe", want(tmp_path))
     assert not failed, result
-    assert result['systemd'] == {}
-    assert len(host['warned']) == 1 and 'Failed to connect to bus' in host['warned'][0], host['warned']
+    assert result["systemd"] == {}
+    assert len(host["warned"]) == 1 and "Failed to connect to bus" in host["warned"][0], host["warned"]
 
 
-@pytest.mark.parametrize('where', ['dirs', 'user_dir_mode', 'files', 'modes'])
+@pytest.mark.parametrize("where", ["dirs", "user_dir_mode", "files", "modes"])
 def test_a_mode_that_is_not_an_octal_string_is_refused(run_module, host, tmp_path, where):
     """YAML reads an unquoted 0644 as the number 420: refused rather than read as the mode 0420."""
     args = want(tmp_path)
-    if where == 'dirs':
-        args['dirs'][0]['mode'] = 420
-    elif where == 'user_dir_mode':
-        args['user_dir_mode'] = 488
-    elif where == 'files':
-        args['files'][0]['mode'] = '0x755'
+    if where == "dirs":
+        args["dirs"][0]["mode"] = 420
+    elif where == "user_dir_mode":
+        args["user_dir_mode"] = 488
+    elif where == "files":
+        args["files"][0]["mode"] = "0x755"
     else:
-        args['modes']['env']['mode'] = 384
-    result, failed = run_module('sglang_host_probe', args)
+        args["modes"]["env"]["mode"] = 384
+    result, failed = run_module("sglang_host_probe", args)
     assert failed, result
-    assert 'octal string' in result['msg'], result['msg']
-    assert host['calls'] == []
+    assert "octal string" in result["msg"], result["msg"]
+    assert host["calls"] == []

@@ -6,11 +6,11 @@ from ansible.module_utils import sglang_journal as sj
 from ansible.module_utils import sglang_serverargs as sa
 from conftest import FIXTURES
 
-J = FIXTURES / 'journal'
+J = FIXTURES / "journal"
 INV = {
-    1: 'd5e6d014036b4b5bb5567b6ccf223302',
-    2: '5f67eaa332b14ce095abdbeeeb5c0407',
-    3: '8a886876e13c4b869ed14adebc8adc35',
+    1: "d5e6d014036b4b5bb5567b6ccf223302",
+    2: "5f67eaa332b14ce095abdbeeeb5c0407",
+    3: "8a886876e13c4b869ed14adebc8adc35",
 }
 
 
@@ -21,57 +21,57 @@ def entries(name):
 
 
 def window_of(messages):
-    return sa.parse_server_args(sa.find_server_args_line(messages))['args']['speculative_draft_window_size']
+    return sa.parse_server_args(sa.find_server_args_line(messages))["args"]["speculative_draft_window_size"]
 
 
 def test_unit_output_mixes_runs_but_selection_keeps_one():
-    everything = entries('unit-all.json')
+    everything = entries("unit-all.json")
     # `journalctl -u` holds all three runs: its LAST server_args line is run 3's, not run 1's.
-    assert window_of([sj.message_text(e.get('MESSAGE')) for e in everything]) == 2048
+    assert window_of([sj.message_text(e.get("MESSAGE")) for e in everything]) == 2048
     for n, window in ((1, None), (2, 2048), (3, 2048)):
         msgs = sj.messages(sj.select_invocation(everything, INV[n]))
         assert window_of(msgs) == window
-        assert sum('server_args=' in m for m in msgs) == 1
-    assert not any('has no effect' in m for m in sj.messages(sj.select_invocation(everything, INV[2])))
+        assert sum("server_args=" in m for m in msgs) == 1
+    assert not any("has no effect" in m for m in sj.messages(sj.select_invocation(everything, INV[2])))
 
 
 def test_order_and_last_n():
-    everything = entries('unit-all.json')
+    everything = entries("unit-all.json")
     chosen = sj.select_invocation(list(reversed(everything)), INV[2])
-    stamps = [int(e['__MONOTONIC_TIMESTAMP']) for e in chosen]
+    stamps = [int(e["__MONOTONIC_TIMESTAMP"]) for e in chosen]
     assert stamps == sorted(stamps)
     # systemd's own "Stopped" line carries INVOCATION_ID= of run 2 and is its last entry
     assert sj.messages(chosen, last=1) == [
-        'Stopped h3a-sglang.service - h3a journal fixture recorder (prints recorded SGLang 0.5.23 output).'
+        "Stopped h3a-sglang.service - h3a journal fixture recorder (prints recorded SGLang 0.5.23 output)."
     ]
     assert len(sj.messages(chosen, last=3)) == 3 and sj.messages(chosen, last=0) == []
 
 
 def test_pid_match_respects_invocation_tag_and_start_time():
-    everything = entries('unit-all.json')
+    everything = entries("unit-all.json")
     # PID 98 (run 2's MainPID), but asking for an unknown invocation: untagged PID lines only.
-    assert sj.select_invocation(everything, 'ffffffffffffffffffffffffffffffff', pids=[98]) == []
-    untagged = [dict(e, _SYSTEMD_INVOCATION_ID=None) for e in entries('inv-2.json')]
-    got = sj.select_invocation(untagged, 'ffffffffffffffffffffffffffffffff', pids=[98])
-    assert got and all(str(e['_PID']) == '98' for e in got)
-    late = sj.select_invocation(untagged, 'ffff', pids=[98], since_monotonic_us=10**13)
+    assert sj.select_invocation(everything, "ffffffffffffffffffffffffffffffff", pids=[98]) == []
+    untagged = [dict(e, _SYSTEMD_INVOCATION_ID=None) for e in entries("inv-2.json")]
+    got = sj.select_invocation(untagged, "ffffffffffffffffffffffffffffffff", pids=[98])
+    assert got and all(str(e["_PID"]) == "98" for e in got)
+    late = sj.select_invocation(untagged, "ffff", pids=[98], since_monotonic_us=10**13)
     assert late == []
 
 
 def test_message_as_byte_array_and_null():
-    recs = entries('bytes-unit.json')
-    texts = [sj.message_text(e.get('MESSAGE')) for e in recs]
-    assert 'Capturing batches (bs=8): \x1b[32m 50%\r100%' in texts
-    assert '\ufffd\ufffd not utf-8' in texts
+    recs = entries("bytes-unit.json")
+    texts = [sj.message_text(e.get("MESSAGE")) for e in recs]
+    assert "Capturing batches (bs=8): \x1b[32m 50%\r100%" in texts
+    assert "\ufffd\ufffd not utf-8" in texts
     # without --all journalctl prints null for the 19 KB server_args line
-    without_all = entries('inv-2-without-all.json')
-    assert any(e.get('MESSAGE') is None for e in without_all)
-    assert sa.find_server_args_line([sj.message_text(e.get('MESSAGE')) for e in without_all]) is None
+    without_all = entries("inv-2-without-all.json")
+    assert any(e.get("MESSAGE") is None for e in without_all)
+    assert sa.find_server_args_line([sj.message_text(e.get("MESSAGE")) for e in without_all]) is None
 
 
 def test_non_json_lines_are_counted():
     found, bad = sj.parse_json_lines('{"MESSAGE": "a"}\n-- No entries --\n[1]\n\n')
-    assert [e['MESSAGE'] for e in found] == ['a'] and bad == 2
+    assert [e["MESSAGE"] for e in found] == ["a"] and bad == 2
 
 
 # --------------------------------------------------------------------- the one journal reader
@@ -80,56 +80,69 @@ class _Journalctl:
 
     def __init__(self, sync_rc=0, rc=0):
         self.calls, self.sync_rc, self.rc = [], sync_rc, rc
-        self.text = (FIXTURES / 'systemd' / 'journal-crash-e264219f.json').read_text()
+        self.text = (FIXTURES / "systemd" / "journal-crash-e264219f.json").read_text()
 
     def get_bin_path(self, name, required=False):
-        return f'/usr/bin/{name}'
+        return f"/usr/bin/{name}"
 
     def run_command(self, cmd, environ_update=None):
-        assert environ_update['LANG'] == 'C' and environ_update['SYSTEMD_PAGER'] == ''
+        assert environ_update["LANG"] == "C" and environ_update["SYSTEMD_PAGER"] == ""
         self.calls.append(cmd)
-        if cmd[1] == '--sync':
-            return self.sync_rc, '', 'Failed to connect to journald' if self.sync_rc else ''
-        return (self.rc, self.text, '') if not self.rc else (self.rc, '', 'No journal files were found.')
+        if cmd[1] == "--sync":
+            return self.sync_rc, "", "Failed to connect to journald" if self.sync_rc else ""
+        return (self.rc, self.text, "") if not self.rc else (self.rc, "", "No journal files were found.")
 
 
-CRASH = 'e264219f0da04f3da81b88c5e071680f'
+CRASH = "e264219f0da04f3da81b88c5e071680f"
 
 
 def test_read_invocation_asks_for_this_boot_the_invocation_and_its_pid():
     module = _Journalctl()
     entries, notes = sj.read_invocation(module, CRASH, pids=[309], sync=False, last=80)
-    assert module.calls == [[
-        '/usr/bin/journalctl', '-o', 'json', '--all', '--no-pager', '-b', '-n', '80',
-        f'INVOCATION_ID={CRASH}', '+', f'_SYSTEMD_INVOCATION_ID={CRASH}', '+', '_PID=309',
-    ]]
+    assert module.calls == [
+        [
+            "/usr/bin/journalctl",
+            "-o",
+            "json",
+            "--all",
+            "--no-pager",
+            "-b",
+            "-n",
+            "80",
+            f"INVOCATION_ID={CRASH}",
+            "+",
+            f"_SYSTEMD_INVOCATION_ID={CRASH}",
+            "+",
+            "_PID=309",
+        ]
+    ]
     assert notes == [] and len(entries) == 9
-    assert '-u' not in module.calls[0]
+    assert "-u" not in module.calls[0]
 
 
 def test_read_invocation_tolerates_a_failed_sync_and_raises_on_a_failed_read():
     module = _Journalctl(sync_rc=1)
     _entries, notes = sj.read_invocation(module, CRASH)
-    assert module.calls[0] == ['/usr/bin/journalctl', '--sync'] and 'reading anyway' in notes[0]
+    assert module.calls[0] == ["/usr/bin/journalctl", "--sync"] and "reading anyway" in notes[0]
     try:
         sj.read_invocation(_Journalctl(rc=1), CRASH)
     except sj.JournalError as exc:
-        assert 'rc=1' in str(exc) and 'No journal files' in str(exc)
+        assert "rc=1" in str(exc) and "No journal files" in str(exc)
     else:
-        raise AssertionError('a failed journalctl read must raise JournalError')
+        raise AssertionError("a failed journalctl read must raise JournalError")
 
 
 def test_invocation_lines_exit_and_excerpt_of_a_recorded_crash():
-    raw, _bad = sj.parse_json_lines((FIXTURES / 'systemd' / 'journal-crash-e264219f.json').read_text())
-    lines = sj.invocation_lines(sj.select_invocation(raw, CRASH, [309]), 'vr-crash.service', CRASH)
-    assert [line['systemd'] for line in lines] == [True, False, False, False, False, True, True, True, True]
+    raw, _bad = sj.parse_json_lines((FIXTURES / "systemd" / "journal-crash-e264219f.json").read_text())
+    lines = sj.invocation_lines(sj.select_invocation(raw, CRASH, [309]), "vr-crash.service", CRASH)
+    assert [line["systemd"] for line in lines] == [True, False, False, False, False, True, True, True, True]
     # systemd's lines about another unit are dropped
-    assert sj.invocation_lines(raw, 'other.service', CRASH)[0]['pid'] == '309'
+    assert sj.invocation_lines(raw, "other.service", CRASH)[0]["pid"] == "309"
     exit_info = sj.exit_from_journal(lines)
-    assert (exit_info['code'], exit_info['status'], exit_info['result']) == ('exited', '1', 'exit-code')
-    assert sj.latest_phase(lines, str) == 'RuntimeError: injected crash'
-    assert sj.latest_phase(lines, str, ignore='injected') == 'Traceback (most recent call last):'
+    assert (exit_info["code"], exit_info["status"], exit_info["result"]) == ("exited", "1", "exit-code")
+    assert sj.latest_phase(lines, str) == "RuntimeError: injected crash"
+    assert sj.latest_phase(lines, str, ignore="injected") == "Traceback (most recent call last):"
     shown = sj.format_lines(lines, 2, str.upper)
     assert len(shown) == 2
-    assert shown[-1].endswith('SYSTEMD: STOPPED VR-CRASH.SERVICE - VERIFIED-RESTART TEST VR-CRASH.')
+    assert shown[-1].endswith("SYSTEMD: STOPPED VR-CRASH.SERVICE - VERIFIED-RESTART TEST VR-CRASH.")
     assert sj.format_lines(lines, 0, str) == []

@@ -51,8 +51,9 @@ def live():
 
 
 def test_free_lock_is_taken_root_only_and_released(tmp_path, live):
-    (result, text) = lock(tmp_path, doing="installing and configuring sglang", anchor_pid=live.pid,
-                          controller=CONTROLLER)
+    (result, text) = lock(
+        tmp_path, doing="installing and configuring sglang", anchor_pid=live.pid, controller=CONTROLLER
+    )
     assert not result.get("failed"), text
     assert result["changed"] is False and len(result["token"]) == 32 and "took_over" not in result
     path = tmp_path / "run" / "sglang-deploy" / "sglang.lock"
@@ -69,17 +70,25 @@ def test_free_lock_is_taken_root_only_and_released(tmp_path, live):
 
 
 def test_live_holder_refuses_a_second_deploy_naming_it(tmp_path, live):
-    first, _ = lock(tmp_path, doing="restarting sglang.service with proof", anchor_pid=live.pid,
-                    controller=CONTROLLER)
+    first, _ = lock(
+        tmp_path, doing="restarting sglang.service with proof", anchor_pid=live.pid, controller=CONTROLLER
+    )
     before = (tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_bytes()
     started = time.monotonic()
     second, text = lock(tmp_path, controller=dict(CONTROLLER, host="ctl-b", user="bob", pid=77))
     refused_after = time.monotonic() - started
     assert second["failed"] is True and second["token"] == ""
     msg = second["msg"]
-    for part in ("ansible-playbook PID 4242", "controller ctl-a", "user alice", "playbook deploy.yml",
-                 "restarting sglang.service with proof", f"sleep PID {live.pid}", first["holder"]["acquired"],
-                 "sglang_lock_wait"):
+    for part in (
+        "ansible-playbook PID 4242",
+        "controller ctl-a",
+        "user alice",
+        "playbook deploy.yml",
+        "restarting sglang.service with proof",
+        f"sleep PID {live.pid}",
+        first["holder"]["acquired"],
+        "sglang_lock_wait",
+    ):
         assert part in msg, (part, msg)
     assert second["holder"]["token"] == first["token"]
     assert refused_after < 2
@@ -140,8 +149,15 @@ def test_expired_lease_and_another_boot_are_taken_over(tmp_path, live):
     other_boot = tmp_path / "boot_id"
     other_boot.write_text("00000000-1111-2222-3333-444444444444\n")
     module.BOOT_ID = str(other_boot)
-    third, text = call_main(module, {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"),
-                                     "anchor_pid": live.pid, "controller": dict(CONTROLLER, pid=78)})
+    third, text = call_main(
+        module,
+        {
+            "name": "sglang",
+            "dir": str(tmp_path / "run" / "sglang-deploy"),
+            "anchor_pid": live.pid,
+            "controller": dict(CONTROLLER, pid=78),
+        },
+    )
     assert third["took_over"]["reason"].startswith("the host booted since it took the lock"), text
     assert third["took_over"]["token"] == second["token"]
 
@@ -151,8 +167,9 @@ def test_takeover_of_a_holder_proven_dead_on_its_controller_needs_its_token(tmp_
     wrong, _ = lock(tmp_path, takeover="f" * 32, controller=dict(CONTROLLER, pid=77))
     assert wrong["failed"] is True
     reason = "its ansible-playbook process (PID 4242) on controller ctl-a is gone"
-    right, text = lock(tmp_path, takeover=first["token"], takeover_reason=reason,
-                       controller=dict(CONTROLLER, pid=77))
+    right, text = lock(
+        tmp_path, takeover=first["token"], takeover_reason=reason, controller=dict(CONTROLLER, pid=77)
+    )
     assert not right.get("failed"), text
     assert right["took_over"]["reason"] == reason
 

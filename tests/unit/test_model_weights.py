@@ -387,8 +387,10 @@ def test_checkpoints_options_fail_before_any_read(tmp_path, capsys):
     bad = [{"path": "rel/x", "role": "target"}, {"path": "/x", "role": "draft", "expected_revision": "abc"}]
     r = run_main(check_mod, {"checkpoints": bad}, capsys)
     assert r["failed"] is True
-    assert r["msg"] == ("target: path must be absolute, got 'rel/x'; draft: expected_revision must be a full"
-                        " 40-character lowercase commit hash, got 'abc'")
+    assert r["msg"] == (
+        "target: path must be absolute, got 'rel/x'; draft: expected_revision must be a full"
+        " 40-character lowercase commit hash, got 'abc'"
+    )
     r = run_main(check_mod, {"checkpoints": [], "path": "/x"}, capsys)
     assert r["failed"] is True and "mutually exclusive" in r["msg"]
 

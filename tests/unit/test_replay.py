@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RUNS = sorted((REPO / 'tests' / 'fixtures' / 'ddtree' / 'resolve-runs').glob('pr-*.json'))
+RUNS = sorted((REPO / "tests" / "fixtures" / "ddtree" / "resolve-runs").glob("pr-*.json"))
 
 # What the preflight's resolve script does with the build, reduced to the replay's API: parse, resolve
 # (dataclass __post_init__), report the log records from INFO up as "LEVEL: message".
-DRIVER = r'''
+DRIVER = r"""
 import dataclasses, json, logging, sys
 records = []
 class Keep(logging.Handler):
@@ -42,90 +42,90 @@ except ValueError as exc:
     print(json.dumps({"rc": 1, "error": f"ValueError: {exc}", "log": records}))
     sys.exit(0)
 print(json.dumps({"rc": 0, "resolved": dataclasses.asdict(server_args), "log": records}))
-'''
+"""
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def replay(tmp_path_factory):
-    out = tmp_path_factory.mktemp('replay')
+    out = tmp_path_factory.mktemp("replay")
     wheel = subprocess.run(
-        [sys.executable, str(REPO / 'lab' / 'replay' / 'build-wheel'), 'ddtree-pr29907', str(out)],
+        [sys.executable, str(REPO / "lab" / "replay" / "build-wheel"), "ddtree-pr29907", str(out)],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.strip()
-    site = out / 'site'
+    site = out / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
-    models = out / 'models'
-    (models / 'target').mkdir(parents=True)
-    (models / 'draft').mkdir(parents=True)
-    (models / 'target' / 'config.json').write_text('{"architectures": ["LlamaForCausalLM"]}')
+    models = out / "models"
+    (models / "target").mkdir(parents=True)
+    (models / "draft").mkdir(parents=True)
+    (models / "target" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     # what resolution reads of the lab draft (lab/make_checkpoint.py): its block size
-    (models / 'draft' / 'config.json').write_text('{"architectures": ["DFlashDraftModel"], "block_size": 16}')
-    return {'site': site, 'models': models, 'wheel': Path(wheel)}
+    (models / "draft" / "config.json").write_text('{"architectures": ["DFlashDraftModel"], "block_size": 16}')
+    return {"site": site, "models": models, "wheel": Path(wheel)}
 
 
 def run_replay(replay, argv):
-    argv = [a.replace('<models>', str(replay['models'])) for a in argv]
+    argv = [a.replace("<models>", str(replay["models"])) for a in argv]
     proc = subprocess.run(
         [
             sys.executable,
-            '-I',
-            '-c',
-            f'import sys; sys.path.insert(0, {str(replay["site"])!r}); exec({DRIVER!r})',
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(replay['site'])!r}); exec({DRIVER!r})",
             json.dumps(argv),
         ],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd='/',
+        cwd="/",
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize('run', RUNS, ids=[p.stem for p in RUNS])
+@pytest.mark.parametrize("run", RUNS, ids=[p.stem for p in RUNS])
 def test_replay_resolves_as_the_recorded_build(replay, run):
     real = json.loads(run.read_text())
-    got = run_replay(replay, real['argv'])
-    assert got['rc'] == real['rc']
-    assert got['log'] == real['log_messages']
-    if real['rc']:
-        assert got['error'] == real['error']
+    got = run_replay(replay, real["argv"])
+    assert got["rc"] == real["rc"]
+    assert got["log"] == real["log_messages"]
+    if real["rc"]:
+        assert got["error"] == real["error"]
         return
-    for key, value in real['resolved'].items():
-        if '.' in key:  # cuda_graph_config.* is not replayed (no CUDA graphs in the lab)
+    for key, value in real["resolved"].items():
+        if "." in key:  # cuda_graph_config.* is not replayed (no CUDA graphs in the lab)
             continue
-        if key.endswith('_path'):
-            value = value.replace('<models>', str(replay['models'])) if isinstance(value, str) else value
-        assert got['resolved'][key] == value, key
+        if key.endswith("_path"):
+            value = value.replace("<models>", str(replay["models"])) if isinstance(value, str) else value
+        assert got["resolved"][key] == value, key
 
 
 def test_replay_argparse_errors_are_argparse_s(replay):
     proc = subprocess.run(
         [
             sys.executable,
-            '-I',
-            '-c',
-            f'import sys; sys.path.insert(0, {str(replay["site"])!r}); '
-            'from sglang.srt.server_args import prepare_server_args; '
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(replay['site'])!r}); "
+            "from sglang.srt.server_args import prepare_server_args; "
             'prepare_server_args(["--speculative-ddtree-budget", "x"])',
         ],
         capture_output=True,
         text=True,
         timeout=60,
-        cwd='/',
+        cwd="/",
     )
     assert proc.returncode == 2
     assert "sglang serve: error: argument --speculative-ddtree-budget: invalid int value: 'x'" in proc.stderr
 
 
 def test_replay_is_named_as_what_it_is(replay):
-    assert replay['wheel'].name == 'sglang-0.0.0.dev0+labreplay.ddtree.pr29907-py3-none-any.whl'
-    recording = json.loads((replay['site'] / 'sglang' / 'lab_replay_recording.json').read_text())
-    assert recording['source'].startswith('sgl-project/sglang PR #29907 @ 93e9850e')
+    assert replay["wheel"].name == "sglang-0.0.0.dev0+labreplay.ddtree.pr29907-py3-none-any.whl"
+    recording = json.loads((replay["site"] / "sglang" / "lab_replay_recording.json").read_text())
+    assert recording["source"].startswith("sgl-project/sglang PR #29907 @ 93e9850e")
     metadata = (
-        replay['site'] / 'sglang-0.0.0.dev0+labreplay.ddtree.pr29907.dist-info' / 'METADATA'
+        replay["site"] / "sglang-0.0.0.dev0+labreplay.ddtree.pr29907.dist-info" / "METADATA"
     ).read_text()
-    assert 'LAB REPLAY' in metadata
+    assert "LAB REPLAY" in metadata

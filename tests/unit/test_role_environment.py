@@ -19,44 +19,52 @@ import pytest
 import yaml
 from conftest import REPO
 
-PLAYBOOK = REPO / '.venv' / 'bin' / 'ansible-playbook'
-SENTINEL = 'sk-sentinel-env-18'
-VERIFY = yaml.safe_load((REPO / 'roles' / 'sglang' / 'tasks' / 'verify.yml').read_text())
-RUNNING_ARGS = next(t for t in VERIFY if 'sglang_running_args' in t)['sglang_running_args']
-VERIFY_EXPECTED_ENV = RUNNING_ARGS['expected_env']
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+SENTINEL = "sk-sentinel-env-18"
+VERIFY = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "verify.yml").read_text())
+RUNNING_ARGS = next(t for t in VERIFY if "sglang_running_args" in t)["sglang_running_args"]
+VERIFY_EXPECTED_ENV = RUNNING_ARGS["expected_env"]
 PLAY = [
     {
-        'name': 'Render what the sglang role writes and asserts for the service environment',
-        'hosts': 'gpu_nodes',
-        'gather_facts': False,
-        'tasks': [
+        "name": "Render what the sglang role writes and asserts for the service environment",
+        "hosts": "gpu_nodes",
+        "gather_facts": False,
+        "tasks": [
             {
-                'name': "Run the role's controller-side checks (and keep its variables)",
-                'ansible.builtin.include_role': {
-                    'name': 'sglang', 'tasks_from': 'preflight.yml', 'public': True,
+                "name": "Run the role's controller-side checks (and keep its variables)",
+                "ansible.builtin.include_role": {
+                    "name": "sglang",
+                    "tasks_from": "preflight.yml",
+                    "public": True,
                 },
             },
             {
-                'name': 'Stand in for sglang_argv (a DDTree build: top-k from the environment)',
-                'ansible.builtin.set_fact': {
-                    '__sglang_argv': {
-                        'argv': ['--model-path', '/srv/m', '--served-model-name', '${SGLANG_API_KEY}',
-                                 '--api-key', '${SGLANG_API_KEY}'],
-                        'secret_positions': [5],
-                        'env': {'SGLANG_DDTREE_MAX_TOPK': '4'},
+                "name": "Stand in for sglang_argv (a DDTree build: top-k from the environment)",
+                "ansible.builtin.set_fact": {
+                    "__sglang_argv": {
+                        "argv": [
+                            "--model-path",
+                            "/srv/m",
+                            "--served-model-name",
+                            "${SGLANG_API_KEY}",
+                            "--api-key",
+                            "${SGLANG_API_KEY}",
+                        ],
+                        "secret_positions": [5],
+                        "env": {"SGLANG_DDTREE_MAX_TOPK": "4"},
                     }
                 },
             },
             {
-                'name': 'Show what the role renders',
-                'ansible.builtin.debug': {
-                    'msg': {
-                        'env_file': "{{ lookup('ansible.builtin.template', repo ~ "
-                                    "'/roles/sglang/templates/etc/sglang/sglang.env.j2') }}",
-                        'unit': "{{ lookup('ansible.builtin.template', repo ~ "
-                                "'/roles/sglang/templates/etc/systemd/system/sglang.service.j2') }}",
+                "name": "Show what the role renders",
+                "ansible.builtin.debug": {
+                    "msg": {
+                        "env_file": "{{ lookup('ansible.builtin.template', repo ~ "
+                        "'/roles/sglang/templates/etc/sglang/sglang.env.j2') }}",
+                        "unit": "{{ lookup('ansible.builtin.template', repo ~ "
+                        "'/roles/sglang/templates/etc/systemd/system/sglang.service.j2') }}",
                         # what tasks/verify.yml passes to sglang_running_args, as it is written there
-                        'expected_env': VERIFY_EXPECTED_ENV,
+                        "expected_env": VERIFY_EXPECTED_ENV,
                     }
                 },
             },
@@ -64,75 +72,93 @@ PLAY = [
     }
 ]
 HOSTS = {
-    'nccl-on': {'nvidia_nccl_p2p_disable': True},
-    'nccl-on-string': {'nvidia_nccl_p2p_disable': 'true'},
-    'nccl-on-and-set': {'nvidia_nccl_p2p_disable': True, 'sglang_environment': {'NCCL_P2P_DISABLE': '1'}},
-    'nccl-off': {'nvidia_nccl_p2p_disable': False},
-    'nccl-undecided': {},
-    'nccl-contradicted': {'nvidia_nccl_p2p_disable': True, 'sglang_environment': {'NCCL_P2P_DISABLE': '0'}},
+    "nccl-on": {"nvidia_nccl_p2p_disable": True},
+    "nccl-on-string": {"nvidia_nccl_p2p_disable": "true"},
+    "nccl-on-and-set": {"nvidia_nccl_p2p_disable": True, "sglang_environment": {"NCCL_P2P_DISABLE": "1"}},
+    "nccl-off": {"nvidia_nccl_p2p_disable": False},
+    "nccl-undecided": {},
+    "nccl-contradicted": {"nvidia_nccl_p2p_disable": True, "sglang_environment": {"NCCL_P2P_DISABLE": "0"}},
 }
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     if not PLAYBOOK.exists():
-        pytest.skip('the controller toolchain (make venv)')
-    tmp = tmp_path_factory.mktemp('role-env')
-    hosts = {name: dict(v, ansible_connection='local', ansible_python_interpreter=sys.executable)
-             for name, v in HOSTS.items()}
-    inventory = tmp / 'inventory.yml'
-    inventory.write_text(yaml.safe_dump({'all': {
-        'vars': {'repo': str(REPO), 'sglang_api_key': SENTINEL},
-        'children': {'gpu_nodes': {'hosts': hosts}},
-    }}))
-    play = tmp / 'play.yml'
+        pytest.skip("the controller toolchain (make venv)")
+    tmp = tmp_path_factory.mktemp("role-env")
+    hosts = {
+        name: dict(v, ansible_connection="local", ansible_python_interpreter=sys.executable)
+        for name, v in HOSTS.items()
+    }
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"repo": str(REPO), "sglang_api_key": SENTINEL},
+                    "children": {"gpu_nodes": {"hosts": hosts}},
+                }
+            }
+        )
+    )
+    play = tmp / "play.yml"
     play.write_text(yaml.safe_dump(PLAY, sort_keys=False))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1',
-               ANSIBLE_STDOUT_CALLBACK='ansible.posix.json')
-    done = subprocess.run([str(PLAYBOOK), '-i', str(inventory), str(play)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+    )
+    done = subprocess.run(
+        [str(PLAYBOOK), "-i", str(inventory), str(play)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # rc 2: the contradicting host fails (on purpose); the output is one JSON document either way.
     assert done.returncode in (0, 2), done.stdout[-4000:] + done.stderr[-2000:]
-    tasks = json.loads(done.stdout)['plays'][0]['tasks']
+    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
     out = {}
     for task in tasks:
-        for host, result in task['hosts'].items():
-            if result.get('failed'):
-                out[host] = {'failed': result['msg']}
-            elif task['task']['name'] == 'Show what the role renders':
-                out[host] = result['msg']
+        for host, result in task["hosts"].items():
+            if result.get("failed"):
+                out[host] = {"failed": result["msg"]}
+            elif task["task"]["name"] == "Show what the role renders":
+                out[host] = result["msg"]
     return out
 
 
 def env_lines(text):
-    return [line for line in text.splitlines() if line and not line.startswith('#')]
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
-@pytest.mark.parametrize('host', ['nccl-on', 'nccl-on-string', 'nccl-on-and-set'])
+@pytest.mark.parametrize("host", ["nccl-on", "nccl-on-string", "nccl-on-and-set"])
 def test_the_nccl_decision_reaches_the_env_file_and_the_assertion(rendered, host):
     """nvidia_nccl_p2p_disable: true -> NCCL_P2P_DISABLE=1 in the service's EnvironmentFile, and
     sglang_running_args is asked to find it in the running process's environment."""
     got = rendered[host]
-    assert 'NCCL_P2P_DISABLE="1"' in env_lines(got['env_file'])
-    assert got['expected_env'] == {'NCCL_P2P_DISABLE': '1', 'SGLANG_DDTREE_MAX_TOPK': '4'}
+    assert 'NCCL_P2P_DISABLE="1"' in env_lines(got["env_file"])
+    assert got["expected_env"] == {"NCCL_P2P_DISABLE": "1", "SGLANG_DDTREE_MAX_TOPK": "4"}
 
 
-@pytest.mark.parametrize('host', ['nccl-off', 'nccl-undecided'])
+@pytest.mark.parametrize("host", ["nccl-off", "nccl-undecided"])
 def test_without_the_decision_nothing_is_set(rendered, host):
     got = rendered[host]
-    assert not [line for line in env_lines(got['env_file']) if line.startswith('NCCL_')]
-    assert got['expected_env'] == {'SGLANG_DDTREE_MAX_TOPK': '4'}
+    assert not [line for line in env_lines(got["env_file"]) if line.startswith("NCCL_")]
+    assert got["expected_env"] == {"SGLANG_DDTREE_MAX_TOPK": "4"}
 
 
 def test_a_contradicting_sglang_environment_is_refused_naming_both(rendered):
-    msg = rendered['nccl-contradicted']['failed']
+    msg = rendered["nccl-contradicted"]["failed"]
     assert 'sglang_environment.NCCL_P2P_DISABLE="0" contradicts nvidia_nccl_p2p_disable: true' in msg
 
 
 def test_only_the_api_key_reference_is_substituted_in_the_unit(rendered):
     """Issue 18, item 9: the served name ${SGLANG_API_KEY} (a user value) is escaped; the --api-key
     value (secret_positions of sglang_argv, shifted by the launcher) is systemd's to substitute."""
-    unit = rendered['nccl-on']['unit']
+    unit = rendered["nccl-on"]["unit"]
     assert '"--served-model-name" "$${SGLANG_API_KEY}"' in unit
     assert '"--api-key" "${SGLANG_API_KEY}"' in unit
     assert SENTINEL not in unit
@@ -141,10 +167,10 @@ def test_only_the_api_key_reference_is_substituted_in_the_unit(rendered):
 def test_the_verification_passes_that_environment():
     """verify.yml (the check after every run and the known-good record the rollback verifies with),
     and the pull-request plan, all compare /proc/<MainPID>/environ with __sglang_expected_env."""
-    wanted = '{{ __sglang_expected_env }}'
+    wanted = "{{ __sglang_expected_env }}"
     assert wanted == VERIFY_EXPECTED_ENV
-    record = next(t for t in VERIFY if 'sglang_history' in t)['sglang_history']
-    assert record['known_good']['meta']['expected_env'] == wanted
-    assert record['record']['env'] == wanted
-    plan = (REPO / 'playbooks' / 'plan.yml').read_text()
+    record = next(t for t in VERIFY if "sglang_history" in t)["sglang_history"]
+    assert record["known_good"]["meta"]["expected_env"] == wanted
+    assert record["record"]["env"] == wanted
+    plan = (REPO / "playbooks" / "plan.yml").read_text()
     assert f'expected_env: "{wanted}"' in plan

@@ -11,15 +11,15 @@ import types
 import pytest
 from conftest import FIXTURES, call_main, load_module
 
-ROUTER = 'http://127.0.0.1:42509'
+ROUTER = "http://127.0.0.1:42509"
 
 
 def recorded(name: str) -> dict:
-    return json.loads((FIXTURES / 'router' / f'{name}.json').read_text())
+    return json.loads((FIXTURES / "router" / f"{name}.json").read_text())
 
 
-TWO = recorded('get_workers_two_ready')['body']['workers']
-MINE = next(w for w in TWO if w['labels'].get('sglang_invocation') == 'a1')
+TWO = recorded("get_workers_two_ready")["body"]["workers"]
+MINE = next(w for w in TWO if w["labels"].get("sglang_invocation") == "a1")
 OTHER = next(w for w in TWO if w is not MINE)
 
 
@@ -32,134 +32,143 @@ class FakeRouter:
         self.loads, self.delete_lag, self.post_status = list(loads), delete_lag, post_status
         self.calls, self.pending_delete = [], None
 
-    def __call__(self, method, url, key='', body=None, timeout=10.0):
-        path = url.split('://', 1)[1].split('/', 1)[1]
-        self.calls.append((method, '/' + path.split('?')[0], body))
-        if path.startswith('v1/loads'):
+    def __call__(self, method, url, key="", body=None, timeout=10.0):
+        path = url.split("://", 1)[1].split("/", 1)[1]
+        self.calls.append((method, "/" + path.split("?")[0], body))
+        if path.startswith("v1/loads"):
             n = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
-            return 200, {'loads': [{'dp_rank': 0, 'num_running_reqs': n, 'num_waiting_reqs': 0}]}
-        if method == 'GET' and path == 'workers':
+            return 200, {"loads": [{"dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0}]}
+        if method == "GET" and path == "workers":
             if self.pending_delete is not None:
                 self.pending_delete[1] -= 1
                 if self.pending_delete[1] < 0:
-                    self.workers = [w for w in self.workers if w['id'] != self.pending_delete[0]]
+                    self.workers = [w for w in self.workers if w["id"] != self.pending_delete[0]]
                     self.pending_delete = None
-            return 200, {'workers': copy.deepcopy(self.workers), 'total': len(self.workers)}
-        if method == 'DELETE':
-            wid = path.split('/')[1]
+            return 200, {"workers": copy.deepcopy(self.workers), "total": len(self.workers)}
+        if method == "DELETE":
+            wid = path.split("/")[1]
             self.pending_delete = [wid, self.delete_lag]
-            return recorded('delete_worker_accepted')['status'], dict(
-                recorded('delete_worker_accepted')['body'], worker_id=wid)
-        if method == 'POST':
+            return recorded("delete_worker_accepted")["status"], dict(
+                recorded("delete_worker_accepted")["body"], worker_id=wid
+            )
+        if method == "POST":
             if self.post_status != 202:
-                answer = recorded('post_workers_same_url')
-                return answer['status'], answer['body']
-            added = dict(copy.deepcopy(MINE), id='01a23e25-0000-7000-8000-000000000001', url=body['url'])
-            added['labels'] = {**{k: v for k, v in MINE['labels'].items() if k != 'sglang_invocation'},
-                               **body['labels']}
+                answer = recorded("post_workers_same_url")
+                return answer["status"], answer["body"]
+            added = dict(copy.deepcopy(MINE), id="01a23e25-0000-7000-8000-000000000001", url=body["url"])
+            added["labels"] = {
+                **{k: v for k, v in MINE["labels"].items() if k != "sglang_invocation"},
+                **body["labels"],
+            }
             self.workers.append(added)
-            answer = recorded('post_workers_accepted')
-            return answer['status'], dict(answer['body'], worker_id=added['id'], url=body['url'])
-        raise AssertionError(f'unexpected call {method} {url}')
+            answer = recorded("post_workers_accepted")
+            return answer["status"], dict(answer["body"], worker_id=added["id"], url=body["url"])
+        raise AssertionError(f"unexpected call {method} {url}")
 
 
 def run(router: FakeRouter, **args):
-    module = load_module('sglang_router_member')
+    module = load_module("sglang_router_member")
     module.http = router
     module.time = types.SimpleNamespace(monotonic=time.monotonic, sleep=lambda _s: None)  # this module only
-    params = {'router_url': ROUTER, 'router_api_key': 'router-admin-key', 'worker_url': MINE['url'],
-              'poll_interval': 0, **args}
+    params = {
+        "router_url": ROUTER,
+        "router_api_key": "router-admin-key",
+        "worker_url": MINE["url"],
+        "poll_interval": 0,
+        **args,
+    }
     result, _ = call_main(module, params)
     return result
 
 
 def methods(router):
-    return [(m, p) for m, p, _ in router.calls if not p.startswith('/v1/loads')]
+    return [(m, p) for m, p, _ in router.calls if not p.startswith("/v1/loads")]
 
 
 def test_absent_removes_confirms_gone_and_drains_by_the_workers_load():
     router = FakeRouter(TWO, loads=(2, 1, 0), delete_lag=2)
-    result = run(router, state='absent', drain_timeout=60)
-    assert not result.get('failed'), result
-    assert result['changed'] and result['drained'] and result['requests_cut'] == 0
-    assert result['status'] == 'absent' and result['worker_id'] == MINE['id']
-    assert ('DELETE', f"/workers/{MINE['id']}") in methods(router)
+    result = run(router, state="absent", drain_timeout=60)
+    assert not result.get("failed"), result
+    assert result["changed"] and result["drained"] and result["requests_cut"] == 0
+    assert result["status"] == "absent" and result["worker_id"] == MINE["id"]
+    assert ("DELETE", f"/workers/{MINE['id']}") in methods(router)
     # gone confirmed by polling (the recorded list still shows it right after the 202), then drained
-    assert [w['url'] for w in router.workers] == [OTHER['url']]
-    assert sum(p == '/v1/loads' for _, p, _ in router.calls) == 3
-    first_load = next(i for i, c in enumerate(router.calls) if c[1] == '/v1/loads')
-    assert all(w['url'] != MINE['url'] for w in router.workers) and first_load > 2
+    assert [w["url"] for w in router.workers] == [OTHER["url"]]
+    assert sum(p == "/v1/loads" for _, p, _ in router.calls) == 3
+    first_load = next(i for i, c in enumerate(router.calls) if c[1] == "/v1/loads")
+    assert all(w["url"] != MINE["url"] for w in router.workers) and first_load > 2
 
 
 def test_absent_twice_is_unchanged():
-    router = FakeRouter(recorded('get_workers_after_delete')['body']['workers'])
-    result = run(router, state='absent')
-    assert result['changed'] is False and result['status'] == 'absent'
-    assert methods(router) == [('GET', '/workers')]
+    router = FakeRouter(recorded("get_workers_after_delete")["body"]["workers"])
+    result = run(router, state="absent")
+    assert result["changed"] is False and result["status"] == "absent"
+    assert methods(router) == [("GET", "/workers")]
 
 
 def test_capacity_guard_refuses_and_touches_nothing():
     lonely = FakeRouter([MINE])
-    result = run(lonely, state='absent')
-    assert result['failed'] and 'min_ready_workers=1' in result['msg']
-    assert '0 other worker(s) ready' in result['msg']
-    assert methods(lonely) == [('GET', '/workers')]
-    other_down = FakeRouter([MINE, dict(OTHER, status='not_ready', is_healthy=False)])
-    assert run(other_down, state='absent')['failed']
-    assert methods(other_down) == [('GET', '/workers')]
+    result = run(lonely, state="absent")
+    assert result["failed"] and "min_ready_workers=1" in result["msg"]
+    assert "0 other worker(s) ready" in result["msg"]
+    assert methods(lonely) == [("GET", "/workers")]
+    other_down = FakeRouter([MINE, dict(OTHER, status="not_ready", is_healthy=False)])
+    assert run(other_down, state="absent")["failed"]
+    assert methods(other_down) == [("GET", "/workers")]
 
 
 def test_drain_timeout_policy_fail_readds_untouched_and_fails():
     router = FakeRouter(TWO, loads=(3,))
-    result = run(router, state='absent', drain_timeout=0, drain_policy='fail',
-                 labels={'sglang_invocation': 'a1'})
-    assert result['failed'] and 'still had 3 request(s) in flight' in result['msg']
-    assert 'drain_policy=fail' in result['msg'] and result['drained'] is False
-    posts = [b for m, _, b in router.calls if m == 'POST']
-    assert posts == [{'url': MINE['url'], 'labels': {'sglang_invocation': 'a1'}}]
-    assert {w['url']: w['status'] for w in router.workers} == {OTHER['url']: 'ready', MINE['url']: 'ready'}
+    result = run(
+        router, state="absent", drain_timeout=0, drain_policy="fail", labels={"sglang_invocation": "a1"}
+    )
+    assert result["failed"] and "still had 3 request(s) in flight" in result["msg"]
+    assert "drain_policy=fail" in result["msg"] and result["drained"] is False
+    posts = [b for m, _, b in router.calls if m == "POST"]
+    assert posts == [{"url": MINE["url"], "labels": {"sglang_invocation": "a1"}}]
+    assert {w["url"]: w["status"] for w in router.workers} == {OTHER["url"]: "ready", MINE["url"]: "ready"}
 
 
 def test_drain_timeout_policy_force_records_the_requests_cut():
     router = FakeRouter(TWO, loads=(3,))
-    result = run(router, state='absent', drain_timeout=0, drain_policy='force')
-    assert not result.get('failed') and result['requests_cut'] == 3 and result['drained'] is False
-    assert not [m for m, _ in methods(router) if m == 'POST']
+    result = run(router, state="absent", drain_timeout=0, drain_policy="force")
+    assert not result.get("failed") and result["requests_cut"] == 3 and result["drained"] is False
+    assert not [m for m, _ in methods(router) if m == "POST"]
 
 
 def test_present_readds_a_restarted_worker_with_fresh_labels():
     router = FakeRouter(TWO)  # listed ready, but with the old invocation's label
-    result = run(router, state='present', labels={'sglang_invocation': 'b2'})
-    assert not result.get('failed'), result
-    assert result['changed'] and result['status'] == 'ready' and result['labels']['sglang_invocation'] == 'b2'
-    assert [m for m, _ in methods(router) if m != 'GET'] == ['DELETE', 'POST']  # remove, then add
-    assert result['worker_id'] != MINE['id']
+    result = run(router, state="present", labels={"sglang_invocation": "b2"})
+    assert not result.get("failed"), result
+    assert result["changed"] and result["status"] == "ready" and result["labels"]["sglang_invocation"] == "b2"
+    assert [m for m, _ in methods(router) if m != "GET"] == ["DELETE", "POST"]  # remove, then add
+    assert result["worker_id"] != MINE["id"]
 
 
 def test_present_with_its_labels_is_unchanged_and_check_mode_touches_nothing():
     router = FakeRouter(TWO)
-    assert run(router, state='present', labels={'sglang_invocation': 'a1'})['changed'] is False
+    assert run(router, state="present", labels={"sglang_invocation": "a1"})["changed"] is False
     router = FakeRouter(TWO)
-    result = run(router, state='absent', _ansible_check_mode=True)
-    assert result['changed'] and methods(router) == [('GET', '/workers')]
+    result = run(router, state="absent", _ansible_check_mode=True)
+    assert result["changed"] and methods(router) == [("GET", "/workers")]
 
 
 def test_router_refusal_and_bad_input_name_the_problem():
-    router = FakeRouter(recorded('get_workers_empty')['body']['workers'], post_status=409)
-    result = run(router, state='present', labels={'sglang_invocation': 'x'})
-    assert result['failed'] and '409' in result['msg'] and 'WORKER_CREATE_IN_PROGRESS' in result['msg']
-    result = run(FakeRouter(TWO), state='absent', worker_url='gpu-1:30000')
-    assert result['failed'] and result['msg'].startswith('worker_url must be')
+    router = FakeRouter(recorded("get_workers_empty")["body"]["workers"], post_status=409)
+    result = run(router, state="present", labels={"sglang_invocation": "x"})
+    assert result["failed"] and "409" in result["msg"] and "WORKER_CREATE_IN_PROGRESS" in result["msg"]
+    result = run(FakeRouter(TWO), state="absent", worker_url="gpu-1:30000")
+    assert result["failed"] and result["msg"].startswith("worker_url must be")
 
 
-@pytest.mark.parametrize('name', ['get_workers_no_key'])
+@pytest.mark.parametrize("name", ["get_workers_no_key"])
 def test_unauthorised_router_answer_is_reported(name):
     answer = recorded(name)
 
-    def refuse(method, url, key='', body=None, timeout=10.0):
-        return answer['status'], answer['body']
+    def refuse(method, url, key="", body=None, timeout=10.0):
+        return answer["status"], answer["body"]
 
-    module = load_module('sglang_router_member')
+    module = load_module("sglang_router_member")
     module.http = refuse
-    result, _ = call_main(module, {'router_url': ROUTER, 'worker_url': MINE['url'], 'state': 'absent'})
-    assert result['failed'] and '401' in result['msg'] and 'Missing or invalid Authorization' in result['msg']
+    result, _ = call_main(module, {"router_url": ROUTER, "worker_url": MINE["url"], "state": "absent"})
+    assert result["failed"] and "401" in result["msg"] and "Missing or invalid Authorization" in result["msg"]

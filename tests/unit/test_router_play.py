@@ -13,23 +13,29 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = REPO / '.venv' / 'bin' / 'ansible-playbook'
-ROUTER_PLAY = 'Deploy the SGLang router and verify it'
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+ROUTER_PLAY = "Deploy the SGLang router and verify it"
 
 
 def list_hosts(tmp_path, groups: dict) -> tuple[str, list[str]]:
     if not PLAYBOOK.exists():
-        pytest.skip('the controller toolchain (make venv)')
-    inventory = tmp_path / 'inventory.yml'
-    inventory.write_text(yaml.safe_dump({'all': {'children': groups}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / 'ansible.cfg'), ANSIBLE_NOCOLOR='1')
-    done = subprocess.run([str(PLAYBOOK), '-i', str(inventory), '--list-hosts', 'deploy.yml'],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        pytest.skip("the controller toolchain (make venv)")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": groups}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    done = subprocess.run(
+        [str(PLAYBOOK), "-i", str(inventory), "--list-hosts", "deploy.yml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    plays = re.split(r'\n\s*play #\d+ ', done.stdout)
+    plays = re.split(r"\n\s*play #\d+ ", done.stdout)
     # One router play, the last: the router starts after the SGLang play deployed the workers.
-    assert [i for i, p in enumerate(plays) if f'): {ROUTER_PLAY}' in p] == [len(plays) - 1], done.stdout
-    hosts = re.search(r'hosts \((\d+)\):\n((?:\s+\S+\n?)*)', plays[-1])
+    assert [i for i, p in enumerate(plays) if f"): {ROUTER_PLAY}" in p] == [len(plays) - 1], done.stdout
+    hosts = re.search(r"hosts \((\d+)\):\n((?:\s+\S+\n?)*)", plays[-1])
     assert hosts, plays[-1]
     names = hosts.group(2).split()
     assert int(hosts.group(1)) == len(names)
@@ -37,16 +43,20 @@ def list_hosts(tmp_path, groups: dict) -> tuple[str, list[str]]:
 
 
 def test_without_a_routers_group_the_router_play_has_no_host_and_no_warning(tmp_path):
-    output, hosts = list_hosts(tmp_path, {'gpu_nodes': {'hosts': {'gpu-1': {'ansible_host': '192.0.2.1'}}}})
+    output, hosts = list_hosts(tmp_path, {"gpu_nodes": {"hosts": {"gpu-1": {"ansible_host": "192.0.2.1"}}}})
     assert hosts == []
-    assert 'WARNING' not in output
+    assert "WARNING" not in output
 
 
 def test_the_router_play_runs_on_the_hosts_of_group_routers(tmp_path):
-    output, hosts = list_hosts(tmp_path, {
-        'gpu_nodes': {'hosts': {'gpu-1': {'ansible_host': '192.0.2.1'},
-                                'gpu-2': {'ansible_host': '192.0.2.3'}}},
-        'routers': {'hosts': {'router-1': {'ansible_host': '192.0.2.2'}, 'gpu-2': {}}},
-    })
-    assert sorted(hosts) == ['gpu-2', 'router-1']
-    assert 'WARNING' not in output
+    output, hosts = list_hosts(
+        tmp_path,
+        {
+            "gpu_nodes": {
+                "hosts": {"gpu-1": {"ansible_host": "192.0.2.1"}, "gpu-2": {"ansible_host": "192.0.2.3"}}
+            },
+            "routers": {"hosts": {"router-1": {"ansible_host": "192.0.2.2"}, "gpu-2": {}}},
+        },
+    )
+    assert sorted(hosts) == ["gpu-2", "router-1"]
+    assert "WARNING" not in output

@@ -12,16 +12,16 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES, load_module
 
-SENTINEL = 'SENTINEL-SECRET-9f3c'
-J = FIXTURES / 'journal'
-S = FIXTURES / 'server_info'
+SENTINEL = "SENTINEL-SECRET-9f3c"
+J = FIXTURES / "journal"
+S = FIXTURES / "server_info"
 
 EXPECTED_2048 = {
-    'model_path': '/tmp/m',
-    'speculative_algorithm': 'DFLASH',
-    'speculative_draft_model_path': '/tmp/d',
-    'speculative_draft_window_size': '2048',  # as sglang_argv's managed values: argv strings
-    'port': '30000',
+    "model_path": "/tmp/m",
+    "speculative_algorithm": "DFLASH",
+    "speculative_draft_model_path": "/tmp/d",
+    "speculative_draft_window_size": "2048",  # as sglang_argv's managed values: argv strings
+    "port": "30000",
 }
 
 
@@ -36,10 +36,10 @@ class FakeHost:
     def __init__(
         self,
         monkeypatch,
-        show='show-2.txt',
-        journal='inv-2.json',
+        show="show-2.txt",
+        journal="inv-2.json",
         http=None,
-        cmdline=S / 'cmdline-dflash-2048.bin',
+        cmdline=S / "cmdline-dflash-2048.bin",
         sync_rc=0,
         environ=None,
         journal_dir=J,
@@ -51,65 +51,65 @@ class FakeHost:
         self.environ = environ
         self.sync_rc = sync_rc
         self.http = (
-            http if http is not None else {'/server_info': (200, (S / 'dflash-2048.json').read_bytes())}
+            http if http is not None else {"/server_info": (200, (S / "dflash-2048.json").read_bytes())}
         )
         self.cmdline = cmdline
         # The recorded server ran with --api-key SENTINEL: like SGLang's auth middleware, the fake
         # refuses a request without that Bearer key (None: a server started without a key).
         self.key = key
         self.auth_seen = []
-        monkeypatch.setattr(AnsibleModule, 'run_command', self.run_command)
-        monkeypatch.setattr(AnsibleModule, 'get_bin_path', lambda _m, name, *a, **k: f'/usr/bin/{name}')
+        monkeypatch.setattr(AnsibleModule, "run_command", self.run_command)
+        monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda _m, name, *a, **k: f"/usr/bin/{name}")
         # open_url builds the real request (headers, no proxy) and hands it to urllib's urlopen
-        monkeypatch.setattr(urllib.request, 'urlopen', self.open)
+        monkeypatch.setattr(urllib.request, "urlopen", self.open)
         real_open = builtins.open
 
         def fake_open(path, *args, **kwargs):
-            if isinstance(path, str) and path.startswith('/proc/') and path.endswith('/environ'):
+            if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/environ"):
                 if self.environ is None:
-                    raise PermissionError(13, 'Permission denied', path)
+                    raise PermissionError(13, "Permission denied", path)
                 return real_open(self.environ, *args, **kwargs)
-            if isinstance(path, str) and path.startswith('/proc/') and path.endswith('/cmdline'):
+            if isinstance(path, str) and path.startswith("/proc/") and path.endswith("/cmdline"):
                 if self.cmdline is None:
-                    raise FileNotFoundError(2, 'No such file or directory', path)
+                    raise FileNotFoundError(2, "No such file or directory", path)
                 return real_open(self.cmdline, *args, **kwargs)
             return real_open(path, *args, **kwargs)
 
-        monkeypatch.setattr(builtins, 'open', fake_open)
+        monkeypatch.setattr(builtins, "open", fake_open)
 
     def run_command(self, cmd, **_kw):
         self.calls.append(list(cmd))
-        if cmd[0].endswith('systemctl'):
-            assert cmd[1] == 'show'
-            return 0, self.show, ''
-        if cmd[0].endswith('journalctl'):
-            if cmd[1:] == ['--sync']:
+        if cmd[0].endswith("systemctl"):
+            assert cmd[1] == "show"
+            return 0, self.show, ""
+        if cmd[0].endswith("journalctl"):
+            if cmd[1:] == ["--sync"]:
                 return (
                     self.sync_rc,
-                    '',
-                    'Failed to connect to journald: Permission denied' if self.sync_rc else '',
+                    "",
+                    "Failed to connect to journald: Permission denied" if self.sync_rc else "",
                 )
-            assert '-u' not in cmd, 'journalctl -u must never be used as evidence'
-            assert '--all' in cmd, 'without --all, journalctl -o json drops fields > 4096 bytes'
-            return 0, self.journal, ''
-        raise AssertionError(f'unexpected command {cmd}')
+            assert "-u" not in cmd, "journalctl -u must never be used as evidence"
+            assert "--all" in cmd, "without --all, journalctl -o json drops fields > 4096 bytes"
+            return 0, self.journal, ""
+        raise AssertionError(f"unexpected command {cmd}")
 
     def open(self, req, data=None, timeout=None):
-        path = req.full_url.split(':', 2)[2].split('/', 1)[1]
-        path = '/' + path
-        self.auth_seen.append(req.get_header('Authorization'))
+        path = req.full_url.split(":", 2)[2].split("/", 1)[1]
+        path = "/" + path
+        self.auth_seen.append(req.get_header("Authorization"))
         status, body = self.http.get(path, (404, b'{"detail":"Not Found"}'))
-        if self.key and req.get_header('Authorization') != f'Bearer {self.key}':
+        if self.key and req.get_header("Authorization") != f"Bearer {self.key}":
             status, body = 401, b'{"error": "Unauthorized"}'
         if status != 200:
-            raise urllib.error.HTTPError(req.full_url, status, 'x', {}, io.BytesIO(body))
+            raise urllib.error.HTTPError(req.full_url, status, "x", {}, io.BytesIO(body))
         return _Resp(status, body)
 
 
 class _Resp:
     def __init__(self, status, body):
         self.status, self._body = status, body
-        self.headers = {'Content-Type': 'application/json'}
+        self.headers = {"Content-Type": "application/json"}
 
     def read(self):
         return self._body
@@ -123,11 +123,11 @@ class _Resp:
 
 def args(**kw):
     base = {
-        'port': 30000,
-        'unit': 'h3a-sglang.service',
-        'expected': dict(EXPECTED_2048),
-        'api_key': SENTINEL,
-        'secret_values': [SENTINEL],
+        "port": 30000,
+        "unit": "h3a-sglang.service",
+        "expected": dict(EXPECTED_2048),
+        "api_key": SENTINEL,
+        "secret_values": [SENTINEL],
     }
     base.update(kw)
     return base
@@ -136,7 +136,7 @@ def args(**kw):
 @pytest.fixture
 def run(run_module):
     def _run(a):
-        result, failed = run_module('sglang_running_args', a)
+        result, failed = run_module("sglang_running_args", a)
         # P13: the sentinel is in every recorded source (server_args line, /server_info api_key and
         # launch_command, cmdline); it must never reach the module result.
         assert SENTINEL not in run_module.last_output
@@ -148,44 +148,44 @@ def run(run_module):
 def test_current_invocation_matches_in_all_three_sources(monkeypatch, run):
     host = FakeHost(monkeypatch)
     result, failed = run(args())
-    assert not failed, result['msg']
-    assert result['changed'] is False
-    assert result['diff'] == []
-    assert result['source'] == '/server_info'
-    assert set(result['reported']) == {'server_info', 'journal', 'cmdline'}
-    for src in ('server_info', 'journal'):
-        assert result['reported'][src]['speculative_draft_window_size'] == 2048
-    assert result['reported']['cmdline']['speculative_draft_window_size'] == '2048'
-    ev = result['evidence']
-    assert ev['invocation_id'] == '5f67eaa332b14ce095abdbeeeb5c0407'
-    assert ev['main_pid'] == 98
-    assert ev['server_args_form'] == 'dict' and ev['server_args_partial'] is False
-    assert ev['runner'] == {
-        'runner': 'DFLASH draft runner',
-        'algorithm': 'DFLASH',
-        'attention_backend': 'triton',
-        'model': 'DFlashDraftModel',
-        'block_size': 16,
-        'draft_window_size': 2048,
-        'compact_cache': True,
+    assert not failed, result["msg"]
+    assert result["changed"] is False
+    assert result["diff"] == []
+    assert result["source"] == "/server_info"
+    assert set(result["reported"]) == {"server_info", "journal", "cmdline"}
+    for src in ("server_info", "journal"):
+        assert result["reported"][src]["speculative_draft_window_size"] == 2048
+    assert result["reported"]["cmdline"]["speculative_draft_window_size"] == "2048"
+    ev = result["evidence"]
+    assert ev["invocation_id"] == "5f67eaa332b14ce095abdbeeeb5c0407"
+    assert ev["main_pid"] == 98
+    assert ev["server_args_form"] == "dict" and ev["server_args_partial"] is False
+    assert ev["runner"] == {
+        "runner": "DFLASH draft runner",
+        "algorithm": "DFLASH",
+        "attention_backend": "triton",
+        "model": "DFlashDraftModel",
+        "block_size": 16,
+        "draft_window_size": 2048,
+        "compact_cache": True,
     }
-    assert result['read_from']['speculative_draft_window_size'] == [
-        '/server_info',
-        'journal server_args',
-        '/proc/98/cmdline',
-        'DFLASH draft runner',
+    assert result["read_from"]["speculative_draft_window_size"] == [
+        "/server_info",
+        "journal server_args",
+        "/proc/98/cmdline",
+        "DFLASH draft runner",
     ]
     # the second request, without the key, is the proof that the server requires that key (401)
-    assert host.auth_seen == [f'Bearer {SENTINEL}', None]
-    journal_cmd = [c for c in host.calls if c[0].endswith('journalctl') and c[1] != '--sync'][0]
-    assert journal_cmd[-3:] == ['_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407', '+', '_PID=98']
+    assert host.auth_seen == [f"Bearer {SENTINEL}", None]
+    journal_cmd = [c for c in host.calls if c[0].endswith("journalctl") and c[1] != "--sync"][0]
+    assert journal_cmd[-3:] == ["_SYSTEMD_INVOCATION_ID=5f67eaa332b14ce095abdbeeeb5c0407", "+", "_PID=98"]
 
 
 def test_check_mode_runs_the_same_read_only_checks(monkeypatch, run):
     FakeHost(monkeypatch)
     result, failed = run(args(_ansible_check_mode=True))
-    assert not failed and result['changed'] is False and result['diff'] == []
-    assert result['evidence']['runner']['draft_window_size'] == 2048
+    assert not failed and result["changed"] is False and result["diff"] == []
+    assert result["evidence"]["runner"]["draft_window_size"] == 2048
 
 
 def test_seed_incident_old_run_fails_although_unit_output_has_a_2048_line_later(monkeypatch, run):
@@ -193,55 +193,55 @@ def test_seed_incident_old_run_fails_although_unit_output_has_a_2048_line_later(
     # 2048 line AFTER it. Only invocation 1's lines may count.
     FakeHost(
         monkeypatch,
-        show='show-1.txt',
-        journal='unit-all.json',
-        http={'/server_info': (200, (S / 'dflash-nowindow.json').read_bytes())},
+        show="show-1.txt",
+        journal="unit-all.json",
+        http={"/server_info": (200, (S / "dflash-nowindow.json").read_bytes())},
     )
     result, failed = run(args())
     assert failed
     assert (
-        'speculative_draft_window_size: expected 2048, running None '
-        '(journal server_args, invocation 8a886876e13c4b869ed14adebc8adc35)'
-    ) not in result['diff']
+        "speculative_draft_window_size: expected 2048, running None "
+        "(journal server_args, invocation 8a886876e13c4b869ed14adebc8adc35)"
+    ) not in result["diff"]
     assert (
-        'speculative_draft_window_size: expected 2048, running None '
-        '(journal server_args, invocation d5e6d014036b4b5bb5567b6ccf223302)'
-    ) in result['diff']
-    assert 'speculative_draft_window_size: expected 2048, running None (/server_info)' in result['diff']
-    assert any('DFLASH draft runner reports draft_window_size=None' in d for d in result['diff'])
-    assert result['evidence']['runner']['draft_window_size'] is None
-    assert result['msg'].startswith('running SGLang arguments do not match the intended ones:\n')
+        "speculative_draft_window_size: expected 2048, running None "
+        "(journal server_args, invocation d5e6d014036b4b5bb5567b6ccf223302)"
+    ) in result["diff"]
+    assert "speculative_draft_window_size: expected 2048, running None (/server_info)" in result["diff"]
+    assert any("DFLASH draft runner reports draft_window_size=None" in d for d in result["diff"])
+    assert result["evidence"]["runner"]["draft_window_size"] is None
+    assert result["msg"].startswith("running SGLang arguments do not match the intended ones:\n")
 
 
 def test_later_lines_of_other_invocations_are_ignored(monkeypatch, run):
     # Current = invocation 2 (DFLASH 2048); unit output ends with invocation 3's NGRAM line and
     # SGLang's "has no effect" warning: neither belongs to invocation 2.
-    FakeHost(monkeypatch, show='show-2.txt', journal='unit-all.json')
+    FakeHost(monkeypatch, show="show-2.txt", journal="unit-all.json")
     result, failed = run(args())
-    assert not failed, result['msg']
-    assert result['evidence']['window_messages'] == []
+    assert not failed, result["msg"]
+    assert result["evidence"]["window_messages"] == []
     # invocation 2's own lines plus systemd's lines about it (INVOCATION_ID=, _PID=1), nothing else
     mine = [
         e
-        for e in map(json.loads, (J / 'unit-all.json').read_text().splitlines())
-        if '5f67eaa332b14ce095abdbeeeb5c0407' in (e.get('_SYSTEMD_INVOCATION_ID'), e.get('INVOCATION_ID'))
+        for e in map(json.loads, (J / "unit-all.json").read_text().splitlines())
+        if "5f67eaa332b14ce095abdbeeeb5c0407" in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))
     ]
     assert len(mine) == 14
-    assert result['evidence']['journal_entries'] == len(mine)
+    assert result["evidence"]["journal_entries"] == len(mine)
 
 
 def test_left_over_process_line_with_new_invocation_id_is_ignored(monkeypatch, run):
     # KillMode=process: PID 162 of the old run logs the window-None line AFTER the restart, and
     # journald tags it with the NEW invocation id (recorded). Only MainPID's line counts.
-    entries = [json.loads(x) for x in (J / 'stale-inv-2.json').read_text().splitlines()]
-    stale = [e for e in entries if str(e['_PID']) == '162']
-    assert stale and stale[0]['_SYSTEMD_INVOCATION_ID'] == '7639c897365042fe9cf56a91777d626c'
-    FakeHost(monkeypatch, show='stale-show-2.txt', journal='stale-inv-2.json')
-    result, failed = run(args(unit='h3a-stale.service'))
-    assert not failed, result['msg']
-    assert result['reported']['journal']['speculative_draft_window_size'] == 2048
-    assert result['evidence']['ignored'] == [
-        'server_args line from PID 162 ignored: not MainPID 165 (left over from an older run?)'
+    entries = [json.loads(x) for x in (J / "stale-inv-2.json").read_text().splitlines()]
+    stale = [e for e in entries if str(e["_PID"]) == "162"]
+    assert stale and stale[0]["_SYSTEMD_INVOCATION_ID"] == "7639c897365042fe9cf56a91777d626c"
+    FakeHost(monkeypatch, show="stale-show-2.txt", journal="stale-inv-2.json")
+    result, failed = run(args(unit="h3a-stale.service"))
+    assert not failed, result["msg"]
+    assert result["reported"]["journal"]["speculative_draft_window_size"] == 2048
+    assert result["evidence"]["ignored"] == [
+        "server_args line from PID 162 ignored: not MainPID 165 (left over from an older run?)"
     ]
 
 
@@ -250,149 +250,149 @@ def test_mismatch_fails_with_a_diff_line_per_source(monkeypatch, run):
     expected = dict(EXPECTED_2048, speculative_draft_window_size=4096)
     result, failed = run(args(expected=expected))
     assert failed
-    assert 'speculative_draft_window_size: expected 4096, running 2048 (/server_info)' in result['diff']
+    assert "speculative_draft_window_size: expected 4096, running 2048 (/server_info)" in result["diff"]
     assert (
-        'speculative_draft_window_size: expected 4096, running 2048 '
-        '(journal server_args, invocation 5f67eaa332b14ce095abdbeeeb5c0407)'
-    ) in result['diff']
-    assert "speculative_draft_window_size: expected 4096, running 2048 (/proc/98/cmdline)" in result['diff']
-    assert any('DFLASH draft runner reports draft_window_size=2048' in d for d in result['diff'])
-    for line in result['diff']:
-        assert line in result['msg']
+        "speculative_draft_window_size: expected 4096, running 2048 "
+        "(journal server_args, invocation 5f67eaa332b14ce095abdbeeeb5c0407)"
+    ) in result["diff"]
+    assert "speculative_draft_window_size: expected 4096, running 2048 (/proc/98/cmdline)" in result["diff"]
+    assert any("DFLASH draft runner reports draft_window_size=2048" in d for d in result["diff"])
+    for line in result["diff"]:
+        assert line in result["msg"]
 
 
 def test_missing_server_args_line_fails(monkeypatch, run):
     # Recorded without --all: journalctl printed "MESSAGE": null for the 19 KB line.
-    FakeHost(monkeypatch, journal='inv-2-without-all.json')
+    FakeHost(monkeypatch, journal="inv-2-without-all.json")
     result, failed = run(args())
     assert failed
     assert any(
-        'no server_args= line from MainPID 98 in the journal of invocation '
-        '5f67eaa332b14ce095abdbeeeb5c0407' in f
-        for f in result['failures']
+        "no server_args= line from MainPID 98 in the journal of invocation "
+        "5f67eaa332b14ce095abdbeeeb5c0407" in f
+        for f in result["failures"]
     )
 
 
 def test_old_server_falls_back_to_get_server_info(monkeypatch, run):
-    FakeHost(monkeypatch, http={'/get_server_info': (200, (S / 'dflash-2048.json').read_bytes())})
+    FakeHost(monkeypatch, http={"/get_server_info": (200, (S / "dflash-2048.json").read_bytes())})
     result, failed = run(args())
-    assert not failed, result['msg']
-    assert result['source'] == '/get_server_info'
-    assert result['evidence']['http_attempts'] == ['/server_info -> 404', '/get_server_info -> 200']
+    assert not failed, result["msg"]
+    assert result["source"] == "/get_server_info"
+    assert result["evidence"]["http_attempts"] == ["/server_info -> 404", "/get_server_info -> 200"]
 
 
 def test_401_without_api_key_names_the_missing_key(monkeypatch, run):
     # SGLang's middleware answers {"error": "Unauthorized"} (srt/utils/auth.py).
-    host = FakeHost(monkeypatch, http={'/server_info': (401, b'{"error": "Unauthorized"}')})
+    host = FakeHost(monkeypatch, http={"/server_info": (401, b'{"error": "Unauthorized"}')})
     a = args()
-    del a['api_key']
+    del a["api_key"]
     result, failed = run(a)
     assert failed
     assert host.auth_seen == [None]
     assert (
-        'GET /server_info returned 401: no api_key was given but the server requires one (--api-key)'
-        in result['failures']
+        "GET /server_info returned 401: no api_key was given but the server requires one (--api-key)"
+        in result["failures"]
     )
     # the journal and cmdline sources are still reported
-    assert result['reported']['journal']['speculative_draft_window_size'] == 2048
+    assert result["reported"]["journal"]["speculative_draft_window_size"] == 2048
 
 
 def test_window_ignored_warning_fails(monkeypatch, run):
     FakeHost(
         monkeypatch,
-        show='show-3.txt',
-        journal='inv-3.json',
-        http={'/server_info': (200, (S / 'ngram-window.json').read_bytes())},
+        show="show-3.txt",
+        journal="inv-3.json",
+        http={"/server_info": (200, (S / "ngram-window.json").read_bytes())},
         cmdline=None,
     )
     expected = {
-        'model_path': '/tmp/m',
-        'speculative_algorithm': 'NGRAM',
-        'speculative_draft_window_size': 2048,
+        "model_path": "/tmp/m",
+        "speculative_algorithm": "NGRAM",
+        "speculative_draft_window_size": 2048,
     }
     result, failed = run(args(expected=expected))
     assert failed
     warning = (
-        '--speculative-draft-window-size has no effect with speculative_algorithm=NGRAM (honored by DFLASH, '
-        'Llama EAGLE-3, and the EAGLE/MTP/NEXTN draft-decode path on the Triton/FlashInfer draft backends).'
+        "--speculative-draft-window-size has no effect with speculative_algorithm=NGRAM (honored by DFLASH, "
+        "Llama EAGLE-3, and the EAGLE/MTP/NEXTN draft-decode path on the Triton/FlashInfer draft backends)."
     )
     assert any(
-        warning in d and d.startswith('speculative_draft_window_size: SGLang reports it ignores')
-        for d in result['diff']
+        warning in d and d.startswith("speculative_draft_window_size: SGLang reports it ignores")
+        for d in result["diff"]
     )
-    assert any('has no effect with speculative_algorithm=NGRAM (SGLang honours' in d for d in result['diff'])
-    assert 'cannot read /proc/103/cmdline: No such file or directory' in result['failures']
+    assert any("has no effect with speculative_algorithm=NGRAM (SGLang honours" in d for d in result["diff"])
+    assert "cannot read /proc/103/cmdline: No such file or directory" in result["failures"]
 
 
 def test_require_window_passes_when_runner_line_confirms(monkeypatch, run):
     FakeHost(monkeypatch)
     result, failed = run(args(require_window=True))
-    assert not failed, result['msg']
+    assert not failed, result["msg"]
 
 
 def test_require_window_without_window_in_expected_fails(monkeypatch, run):
     FakeHost(monkeypatch)
-    expected = {k: v for k, v in EXPECTED_2048.items() if k != 'speculative_draft_window_size'}
+    expected = {k: v for k, v in EXPECTED_2048.items() if k != "speculative_draft_window_size"}
     result, failed = run(args(expected=expected, require_window=True))
     assert failed
-    assert 'require_window is set but expected has no speculative_draft_window_size' in result['diff']
+    assert "require_window is set but expected has no speculative_draft_window_size" in result["diff"]
 
 
 def test_restarted_since_verification_fails(monkeypatch, run):
     FakeHost(monkeypatch)
-    result, failed = run(args(invocation_id='d5e6d014036b4b5bb5567b6ccf223302'))
+    result, failed = run(args(invocation_id="d5e6d014036b4b5bb5567b6ccf223302"))
     assert failed
     assert (
-        'now runs invocation 5f67eaa332b14ce095abdbeeeb5c0407, not d5e6d014036b4b5bb5567b6ccf223302'
-        in result['msg']
+        "now runs invocation 5f67eaa332b14ce095abdbeeeb5c0407, not d5e6d014036b4b5bb5567b6ccf223302"
+        in result["msg"]
     )
 
 
 def test_journal_sync_failure_is_tolerated_and_noted(monkeypatch, run):
     FakeHost(monkeypatch, sync_rc=1)
     result, failed = run(args())
-    assert not failed, result['msg']
-    assert result['evidence']['notes'][0].startswith('journalctl --sync failed (rc=1)')
+    assert not failed, result["msg"]
+    assert result["evidence"]["notes"][0].startswith("journalctl --sync failed (rc=1)")
 
 
 def test_not_running_unit_fails(monkeypatch, run):
-    FakeHost(monkeypatch, show='bytes-show.txt')
+    FakeHost(monkeypatch, show="bytes-show.txt")
     result, failed = run(args())
     assert failed
-    assert 'has no running main process (InvocationID=none, MainPID=0' in result['msg']
+    assert "has no running main process (InvocationID=none, MainPID=0" in result["msg"]
 
 
 def test_alias_spelling_in_reported_source_satisfies_canonical_key():
-    sa = load_module('sglang_running_args')
+    sa = load_module("sglang_running_args")
     assert sa.managed_view(
-        {'speculative_dflash_draft_window_size': 2048}, {'speculative_draft_window_size': 2048}
-    ) == {'speculative_draft_window_size (as speculative_dflash_draft_window_size)': 2048}
+        {"speculative_dflash_draft_window_size": 2048}, {"speculative_draft_window_size": 2048}
+    ) == {"speculative_draft_window_size (as speculative_dflash_draft_window_size)": 2048}
 
 
 # --------------------------------------------------------------------- DDTREE (the lab DDTree build)
 # Recorded on lab host lab1 from the verified deploy of `-e @inventory/lab/ddtree.yml -e budget=8 -e topk=4
 # -e window=4096` (tests/fixtures/ddtree/lab-run/SOURCE.md).
-DD = FIXTURES / 'ddtree' / 'lab-run'
+DD = FIXTURES / "ddtree" / "lab-run"
 DD_EXPECTED = {
-    'model_path': '/srv/models/lab-target',
-    'speculative_algorithm': 'DDTREE',
-    'speculative_draft_model_path': '/srv/models/lab-dflash-draft',
-    'speculative_draft_window_size': 4096,
-    'speculative_ddtree_budget': 8,
-    'page_size': 1,
-    'port': 30001,
+    "model_path": "/srv/models/lab-target",
+    "speculative_algorithm": "DDTREE",
+    "speculative_draft_model_path": "/srv/models/lab-dflash-draft",
+    "speculative_draft_window_size": 4096,
+    "speculative_ddtree_budget": 8,
+    "page_size": 1,
+    "port": 30001,
 }
-DD_RUNNERS = {'window': 'DFLASH draft runner', 'budget': 'DDTree worker'}
+DD_RUNNERS = {"window": "DFLASH draft runner", "budget": "DDTree worker"}
 
 
-def ddtree_host(monkeypatch, environ=DD / 'environ.bin'):
+def ddtree_host(monkeypatch, environ=DD / "environ.bin"):
     return FakeHost(
         monkeypatch,
-        show='show.txt',
-        journal='inv.json',
+        show="show.txt",
+        journal="inv.json",
         journal_dir=DD,
-        cmdline=DD / 'cmdline.bin',
-        http={'/server_info': (200, (DD / 'server_info.json').read_bytes())},
+        cmdline=DD / "cmdline.bin",
+        http={"/server_info": (200, (DD / "server_info.json").read_bytes())},
         environ=environ,
         key=None,  # the recorded DDTree server ran without --api-key
     )
@@ -401,11 +401,11 @@ def ddtree_host(monkeypatch, environ=DD / 'environ.bin'):
 def ddtree_args(**kw):
     base = dict(
         port=30001,
-        unit='sglang-k26-ddtree.service',
+        unit="sglang-k26-ddtree.service",
         expected=DD_EXPECTED,
         require_window=True,
         runner_lines=DD_RUNNERS,
-        expected_env={'SGLANG_DDTREE_MAX_TOPK': '4'},
+        expected_env={"SGLANG_DDTREE_MAX_TOPK": "4"},
     )
     base.update(kw)
     return base
@@ -414,41 +414,43 @@ def ddtree_args(**kw):
 def test_ddtree_deploy_verifies_window_budget_and_env_topk(monkeypatch, run):
     ddtree_host(monkeypatch)
     result, failed = run(ddtree_args())
-    assert not failed, result['msg']
-    assert result['summary']['SGLANG_DDTREE_MAX_TOPK'] == '4 (from /proc/949/environ)'
-    assert result['read_from']['speculative_ddtree_budget'][-1] == 'DDTree worker'
-    assert result['read_from']['speculative_draft_window_size'][-1] == 'DFLASH draft runner'
-    assert result['evidence']['runner']['draft_window_size'] == 4096
+    assert not failed, result["msg"]
+    assert result["summary"]["SGLANG_DDTREE_MAX_TOPK"] == "4 (from /proc/949/environ)"
+    assert result["read_from"]["speculative_ddtree_budget"][-1] == "DDTree worker"
+    assert result["read_from"]["speculative_draft_window_size"][-1] == "DFLASH draft runner"
+    assert result["evidence"]["runner"]["draft_window_size"] == 4096
     # the build's resolution-time warning is contradicted by its running worker: recorded, not fatal
-    assert any('has no effect with speculative_algorithm=DDTREE' in w for w in result['evidence']['warnings'])
+    assert any("has no effect with speculative_algorithm=DDTREE" in w for w in result["evidence"]["warnings"])
 
 
 def test_ddtree_wrong_env_topk_or_unreadable_environ_fails(monkeypatch, run):
     ddtree_host(monkeypatch)
-    result, failed = run(ddtree_args(expected_env={'SGLANG_DDTREE_MAX_TOPK': '2'}))
-    assert failed and 'SGLANG_DDTREE_MAX_TOPK: expected 2, running 4 (/proc/949/environ)' in result['diff']
+    result, failed = run(ddtree_args(expected_env={"SGLANG_DDTREE_MAX_TOPK": "2"}))
+    assert failed and "SGLANG_DDTREE_MAX_TOPK: expected 2, running 4 (/proc/949/environ)" in result["diff"]
     ddtree_host(monkeypatch, environ=None)
     result, failed = run(ddtree_args())
-    assert failed and 'cannot read /proc/949/environ: Permission denied (needs root)' in result['failures']
+    assert failed and "cannot read /proc/949/environ: Permission denied (needs root)" in result["failures"]
 
 
 def test_nccl_p2p_disable_is_read_from_the_running_process(monkeypatch, run, tmp_path):
     """Issue 18, item 6: the role passes NCCL_P2P_DISABLE=1 in expected_env when the inventory decided
     nvidia_nccl_p2p_disable: true (roles/sglang/vars/main.yml __sglang_expected_env); it is proven from
     /proc/<MainPID>/environ of the running process, and a process started without it fails."""
-    environ = tmp_path / 'environ.bin'
-    environ.write_bytes((DD / 'environ.bin').read_bytes() + b'NCCL_P2P_DISABLE=1\0')
-    expected_env = {'SGLANG_DDTREE_MAX_TOPK': '4', 'NCCL_P2P_DISABLE': '1'}
+    environ = tmp_path / "environ.bin"
+    environ.write_bytes((DD / "environ.bin").read_bytes() + b"NCCL_P2P_DISABLE=1\0")
+    expected_env = {"SGLANG_DDTREE_MAX_TOPK": "4", "NCCL_P2P_DISABLE": "1"}
     ddtree_host(monkeypatch, environ=environ)
     result, failed = run(ddtree_args(expected_env=expected_env))
-    assert not failed, result['msg']
-    assert result['summary']['NCCL_P2P_DISABLE'] == '1 (from /proc/949/environ)'
-    assert result['read_from']['NCCL_P2P_DISABLE'] == ['/proc/949/environ']
+    assert not failed, result["msg"]
+    assert result["summary"]["NCCL_P2P_DISABLE"] == "1 (from /proc/949/environ)"
+    assert result["read_from"]["NCCL_P2P_DISABLE"] == ["/proc/949/environ"]
     ddtree_host(monkeypatch)  # the recorded process: started without NCCL_P2P_DISABLE
     result, failed = run(ddtree_args(expected_env=expected_env))
     assert failed
-    assert 'NCCL_P2P_DISABLE: expected 1, not in the environment of MainPID 949 (/proc/949/environ)' in (
-        result['diff'])
+    assert (
+        "NCCL_P2P_DISABLE: expected 1, not in the environment of MainPID 949 (/proc/949/environ)"
+        in (result["diff"])
+    )
 
 
 def test_ddtree_wrong_window_or_budget_is_caught_by_the_worker_lines(monkeypatch, run):
@@ -456,10 +458,10 @@ def test_ddtree_wrong_window_or_budget_is_caught_by_the_worker_lines(monkeypatch
     result, failed = run(ddtree_args(expected=dict(DD_EXPECTED, speculative_draft_window_size=2048)))
     assert failed
     assert any(
-        'expected 2048, DFLASH draft runner reports draft_window_size=4096' in d for d in result['diff']
+        "expected 2048, DFLASH draft runner reports draft_window_size=4096" in d for d in result["diff"]
     )
     result, failed = run(ddtree_args(expected=dict(DD_EXPECTED, speculative_ddtree_budget=16)))
-    assert failed and any('DDTree worker reports tree_budget=8' in d for d in result['diff'])
+    assert failed and any("DDTree worker reports tree_budget=8" in d for d in result["diff"])
 
 
 def test_ddtree_with_a_window_is_not_refused_as_an_algorithm_without_one(monkeypatch, run):
@@ -467,7 +469,7 @@ def test_ddtree_with_a_window_is_not_refused_as_an_algorithm_without_one(monkeyp
     ddtree_host(monkeypatch)
     result, _ = run(ddtree_args())
     assert not any(
-        'has no effect with speculative_algorithm=DDTREE (SGLang honours' in d for d in result['diff']
+        "has no effect with speculative_algorithm=DDTREE (SGLang honours" in d for d in result["diff"]
     )
 
 
@@ -476,10 +478,11 @@ def test_the_key_is_proven_by_a_refusal_without_it(monkeypatch, run):
     with THAT key (read from its --config file, never on a command line), and the key is never shown."""
     host = FakeHost(monkeypatch)
     result, failed = run(args())
-    assert not failed, result['msg']
-    assert host.auth_seen[:2] == [f'Bearer {SENTINEL}', None]
-    assert result['evidence']['key_required'] == (
-        'required: GET /server_info answered 200 with the intended key, 401 without a key')
+    assert not failed, result["msg"]
+    assert host.auth_seen[:2] == [f"Bearer {SENTINEL}", None]
+    assert result["evidence"]["key_required"] == (
+        "required: GET /server_info answered 200 with the intended key, 401 without a key"
+    )
 
 
 def test_a_server_that_answers_without_the_key_fails(monkeypatch, run):
@@ -488,6 +491,8 @@ def test_a_server_that_answers_without_the_key_fails(monkeypatch, run):
     FakeHost(monkeypatch, key=None)
     result, failed = run(args())
     assert failed
-    assert ('GET /server_info without the API key returned 200, not 401: the running server does not require '
-            'the intended API key (it was started without --api-key, or its --config file lacks it)'
-            in result['failures'])
+    assert (
+        "GET /server_info without the API key returned 200, not 401: the running server does not require "
+        "the intended API key (it was started without --api-key, or its --config file lacks it)"
+        in result["failures"]
+    )

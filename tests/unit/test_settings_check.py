@@ -12,31 +12,31 @@ import pytest
 import yaml
 from conftest import REPO
 
-ROLE = REPO / 'roles' / 'sglang'
+ROLE = REPO / "roles" / "sglang"
 spec = importlib.util.spec_from_file_location(
-    'settings_check', REPO / 'action_plugins' / 'sglang_settings_check.py'
+    "settings_check", REPO / "action_plugins" / "sglang_settings_check.py"
 )
 plugin = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plugin)
 
-VARS = yaml.safe_load((ROLE / 'vars' / 'main.yml').read_text())
-INTS, STRINGS = VARS['__sglang_int_settings'], VARS['__sglang_string_settings']
-SENTINEL = 'sk-sentinel-settings-41'
+VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+INTS, STRINGS = VARS["__sglang_int_settings"], VARS["__sglang_string_settings"]
+SENTINEL = "sk-sentinel-settings-41"
 
 
 @pytest.fixture
 def settings(tmp_path):
-    s = yaml.safe_load((ROLE / 'defaults' / 'main.yml').read_text())
-    s['sglang_launcher'] = [s['sglang_venv'] + '/bin/sglang', 'serve']
-    s['sglang_start_limit_interval_sec'] = (
-        s['sglang_start_limit_burst'] * (s['sglang_ready_timeout'] + s['sglang_restart_sec']) + 30
+    s = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    s["sglang_launcher"] = [s["sglang_venv"] + "/bin/sglang", "serve"]
+    s["sglang_start_limit_interval_sec"] = (
+        s["sglang_start_limit_burst"] * (s["sglang_ready_timeout"] + s["sglang_restart_sec"]) + 30
     )
-    s['environment'] = {
-        'HF_HOME': '/var/lib/sglang/.cache/huggingface',
-        'CUDA_VISIBLE_DEVICES': '0,1,2,3,4,5,6,7',
+    s["environment"] = {
+        "HF_HOME": "/var/lib/sglang/.cache/huggingface",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
     }
-    s['cache_paths'] = ['/var/lib/sglang/.cache/huggingface']
-    s['sglang_api_key'] = SENTINEL
+    s["cache_paths"] = ["/var/lib/sglang/.cache/huggingface"]
+    s["sglang_api_key"] = SENTINEL
     return s
 
 
@@ -49,67 +49,67 @@ def test_the_role_defaults_pass(settings):
 
 
 @pytest.mark.parametrize(
-    ('name', 'value', 'expected'),
+    ("name", "value", "expected"),
     [
         (
-            'sglang_speculative_draft_window_size',
-            '2048',
+            "sglang_speculative_draft_window_size",
+            "2048",
             'sglang_speculative_draft_window_size="2048" (str): must be an integer from 1 to 1048576 or null'
             ' (a quoted "2048" is a string: use | int or an unquoted number)',
         ),
-        ('sglang_port', 0, 'sglang_port=0 (int): must be an integer from 1 to 65535 (a quoted'),
-        ('sglang_port', True, 'sglang_port=true (bool): must be an integer from 1 to 65535'),
+        ("sglang_port", 0, "sglang_port=0 (int): must be an integer from 1 to 65535 (a quoted"),
+        ("sglang_port", True, "sglang_port=true (bool): must be an integer from 1 to 65535"),
         (
-            'sglang_speculative_topk',
+            "sglang_speculative_topk",
             2.5,
-            'sglang_speculative_topk=2.5 (float): must be an integer from 1 to 64 or null',
+            "sglang_speculative_topk=2.5 (float): must be an integer from 1 to 64 or null",
         ),
-        ('sglang_tp_size', 3, 'sglang_tp_size=3: must be 1, 2, 4 or 8'),
+        ("sglang_tp_size", 3, "sglang_tp_size=3: must be 1, 2, 4 or 8"),
         (
-            'sglang_mem_fraction_static',
+            "sglang_mem_fraction_static",
             1.0,
-            'sglang_mem_fraction_static=1.0: must be a number with 0 < x < 1, or null',
+            "sglang_mem_fraction_static=1.0: must be a number with 0 < x < 1, or null",
         ),
-        ('sglang_served_model_name', 'a\nb', 'sglang_served_model_name: must be a string without newline'),
+        ("sglang_served_model_name", "a\nb", "sglang_served_model_name: must be a string without newline"),
         (
-            'sglang_host',
-            '',
+            "sglang_host",
+            "",
             "sglang_host: must not be an empty string (null leaves the flag to SGLang's default)",
         ),
-        ('sglang_model_path', 'models/x', 'sglang_model_path="models/x": must be an absolute path'),
+        ("sglang_model_path", "models/x", 'sglang_model_path="models/x": must be an absolute path'),
         (
-            'sglang_read_write_paths',
-            ['/a b'],
+            "sglang_read_write_paths",
+            ["/a b"],
             'sglang_read_write_paths: "/a b" must be an absolute path without',
         ),
         (
-            'sglang_speculative_algorithm',
-            'DFLASH;rm',
+            "sglang_speculative_algorithm",
+            "DFLASH;rm",
             'sglang_speculative_algorithm="DFLASH;rm": must be an algorithm',
         ),
         (
-            'sglang_speculative_draft_model_path',
+            "sglang_speculative_draft_model_path",
             None,
-            'sglang_speculative_draft_model_path=null: must be an absolute path, and is required with'
-            ' sglang_speculative_algorithm=DFLASH',
+            "sglang_speculative_draft_model_path=null: must be an absolute path, and is required with"
+            " sglang_speculative_algorithm=DFLASH",
         ),
-        ('sglang_user', 'Root', 'sglang_user="Root", sglang_group="sglang": must be POSIX user/group names'),
-        ('sglang_service_name', 'sglang.service', 'sglang_service_name="sglang.service": letters, digits'),
+        ("sglang_user", "Root", 'sglang_user="Root", sglang_group="sglang": must be POSIX user/group names'),
+        ("sglang_service_name", "sglang.service", 'sglang_service_name="sglang.service": letters, digits'),
         (
-            'sglang_start_limit_interval_sec',
+            "sglang_start_limit_interval_sec",
             30,
-            'sglang_start_limit_interval_sec=30 must exceed sglang_start_limit_burst x sglang_restart_sec'
-            ' (30 s)',
+            "sglang_start_limit_interval_sec=30 must exceed sglang_start_limit_burst x sglang_restart_sec"
+            " (30 s)",
         ),
-        ('sglang_version', 'latest', 'sglang_version="latest": must be a release version such as 0.5.23'),
-        ('sglang_launcher', [], 'sglang_launcher: must be a non-empty list of strings'),
+        ("sglang_version", "latest", 'sglang_version="latest": must be a release version such as 0.5.23'),
+        ("sglang_launcher", [], "sglang_launcher: must be a non-empty list of strings"),
     ],
 )
 def test_one_broken_rule_names_its_setting(settings, name, value, expected):
     settings[name] = value
     found = errors(settings)
     assert any(expected in e for e in found), found
-    assert SENTINEL not in ' '.join(found)
+    assert SENTINEL not in " ".join(found)
 
 
 def test_window_below_block_and_block_differs_from_draft_tokens(settings):
@@ -119,61 +119,69 @@ def test_window_below_block_and_block_differs_from_draft_tokens(settings):
         sglang_speculative_num_draft_tokens=32,
     )
     assert errors(settings) == [
-        'sglang_speculative_draft_window_size=8 must be >= the block size (sglang_speculative_block_size=16,'
-        ' sglang_speculative_num_draft_tokens=32); SGLang refuses it at start',
-        'sglang_speculative_block_size=16 and sglang_speculative_num_draft_tokens=32: for DFLASH the block'
-        ' size IS the number of draft tokens; set one of them (SGLang fails when both are set and differ)',
+        "sglang_speculative_draft_window_size=8 must be >= the block size (sglang_speculative_block_size=16,"
+        " sglang_speculative_num_draft_tokens=32); SGLang refuses it at start",
+        "sglang_speculative_block_size=16 and sglang_speculative_num_draft_tokens=32: for DFLASH the block"
+        " size IS the number of draft tokens; set one of them (SGLang fails when both are set and differ)",
     ]
 
 
 def test_environment_rules(settings):
-    settings['environment'] = {
-        'nccl_debug': 'INFO',
-        'SGLANG_API_KEY': 'x',
-        'A': 'x\ny',
-        'B': True,
-        'CUDA_VISIBLE_DEVICES': 'GPU-1a2b',
+    settings["environment"] = {
+        "nccl_debug": "INFO",
+        "SGLANG_API_KEY": "x",
+        "A": "x\ny",
+        "B": True,
+        "CUDA_VISIBLE_DEVICES": "GPU-1a2b",
     }
     found = errors(settings)
     assert 'sglang_environment: the name "nccl_debug" must match ^[A-Z_][A-Z0-9_]*$' in found[0]
     assert found[1].startswith('sglang_environment: the name "SGLANG_API_KEY"')
-    assert found[2].startswith('sglang_environment.A: must be a string or number') and '(got str)' in found[2]
-    assert found[3].endswith('(got bool)')
+    assert found[2].startswith("sglang_environment.A: must be a string or number") and "(got str)" in found[2]
+    assert found[3].endswith("(got bool)")
     assert found[4].startswith(
         'sglang_environment.CUDA_VISIBLE_DEVICES="GPU-1a2b": must list numeric device ids'
     )
-    settings['environment'] = {}
-    settings['cache_paths'] = ['/var/lib/my cache']
+    settings["environment"] = {}
+    settings["cache_paths"] = ["/var/lib/my cache"]
     assert errors(settings)[0].startswith('sglang_environment: the cache directory "/var/lib/my cache"')
 
 
 def test_api_key_is_described_never_shown(settings):
-    settings['sglang_api_key'] = f' {SENTINEL}\n'
+    settings["sglang_api_key"] = f" {SENTINEL}\n"
     found = errors(settings)
     assert found == [
-        'sglang_api_key: must be a string without control characters or leading/trailing spaces'
-        ' (value not shown)'
+        "sglang_api_key: must be a string without control characters or leading/trailing spaces"
+        " (value not shown)"
     ]
 
 
 @pytest.mark.parametrize(
-    ('decision', 'value', 'error'),
+    ("decision", "value", "error"),
     [
         (True, None, None),
-        (True, '1', None),
-        ('true', 1, None),
-        (False, '0', None),
-        (None, '1', None),  # no decision: sglang_environment is the operator's own
-        (True, '0', 'sglang_environment.NCCL_P2P_DISABLE="0" contradicts nvidia_nccl_p2p_disable: true,'
-                    ' which sets NCCL_P2P_DISABLE=1 in the service environment'),
-        (False, '1', 'sglang_environment.NCCL_P2P_DISABLE="1" contradicts nvidia_nccl_p2p_disable: false,'
-                     ' which keeps NCCL P2P on in the service environment'),
-        ('maybe', None, 'nvidia_nccl_p2p_disable="maybe": must be true or false'),
+        (True, "1", None),
+        ("true", 1, None),
+        (False, "0", None),
+        (None, "1", None),  # no decision: sglang_environment is the operator's own
+        (
+            True,
+            "0",
+            'sglang_environment.NCCL_P2P_DISABLE="0" contradicts nvidia_nccl_p2p_disable: true,'
+            " which sets NCCL_P2P_DISABLE=1 in the service environment",
+        ),
+        (
+            False,
+            "1",
+            'sglang_environment.NCCL_P2P_DISABLE="1" contradicts nvidia_nccl_p2p_disable: false,'
+            " which keeps NCCL P2P on in the service environment",
+        ),
+        ("maybe", None, 'nvidia_nccl_p2p_disable="maybe": must be true or false'),
     ],
 )
 def test_nccl_decision_owns_nccl_p2p_disable(settings, decision, value, error):
-    settings['nvidia_nccl_p2p_disable'] = decision
-    settings['sglang_environment'] = {} if value is None else {'NCCL_P2P_DISABLE': value}
+    settings["nvidia_nccl_p2p_disable"] = decision
+    settings["sglang_environment"] = {} if value is None else {"NCCL_P2P_DISABLE": value}
     found = errors(settings)
     if error is None:
         assert found == []
@@ -181,79 +189,79 @@ def test_nccl_decision_owns_nccl_p2p_disable(settings, decision, value, error):
         assert len(found) == 1 and found[0].startswith(error), found
 
 
-@pytest.mark.parametrize('key', [f'-{SENTINEL}', f'--{SENTINEL}', '-'])
+@pytest.mark.parametrize("key", [f"-{SENTINEL}", f"--{SENTINEL}", "-"])
 def test_api_key_starting_with_a_dash_is_refused_unseen(settings, key):
     """Issue 18: `--api-key -k...` makes SGLang's argparse exit 2 at start, yet every gate passed it
     (the preflight parses a placeholder, never the key)."""
-    settings['sglang_api_key'] = key
+    settings["sglang_api_key"] = key
     assert errors(settings) == [
         "sglang_api_key: must not start with '-' (SGLang's argparse would read it as an option"
-        ' and exit 2 at start; value not shown)'
+        " and exit 2 at start; value not shown)"
     ]
-    settings['sglang_api_key'] = f'k-{SENTINEL}-'  # a dash inside or at the end is fine
+    settings["sglang_api_key"] = f"k-{SENTINEL}-"  # a dash inside or at the end is fine
     assert errors(settings) == []
 
 
 def test_a_secret_extra_argument_is_refused_without_showing_it(settings):
-    settings['sglang_extra_args'] = [
-        {'arg': '--api-key', 'value': SENTINEL},
-        {'arg': '--hf-token=' + SENTINEL},
-        {'arg': 'bad'},
+    settings["sglang_extra_args"] = [
+        {"arg": "--api-key", "value": SENTINEL},
+        {"arg": "--hf-token=" + SENTINEL},
+        {"arg": "bad"},
     ]
     found = errors(settings)
     assert found == [
-        'sglang_extra_args: --api-key, --hf-token takes a secret (value not shown); extra arguments'
-        ' are written into the unit in clear text: set sglang_api_key instead'
+        "sglang_extra_args: --api-key, --hf-token takes a secret (value not shown); extra arguments"
+        " are written into the unit in clear text: set sglang_api_key instead"
     ]
 
 
 def test_extra_arguments_each_named_by_position(settings):
-    settings['sglang_extra_args'] = [
-        {'arg': '--enable-metrics'},
-        {'arg': '--x', 'value': 1, 'other': 2},
-        {'arg': '--max-running-requests=3'},
-        {'arg': '--ok', 'value': None},
+    settings["sglang_extra_args"] = [
+        {"arg": "--enable-metrics"},
+        {"arg": "--x", "value": 1, "other": 2},
+        {"arg": "--max-running-requests=3"},
+        {"arg": "--ok", "value": None},
     ]
     found = errors(settings)
-    assert [e.split(' ', 1)[0] for e in found] == [
-        'sglang_extra_args[1]',
-        'sglang_extra_args[2]',
-        'sglang_extra_args[3]',
+    assert [e.split(" ", 1)[0] for e in found] == [
+        "sglang_extra_args[1]",
+        "sglang_extra_args[2]",
+        "sglang_extra_args[3]",
     ]
     assert found[0].startswith('sglang_extra_args[1] {"arg": "--x", "value": 1, "other": 2}: each item has')
 
 
 def test_install_source_rules(settings, tmp_path):
-    settings.update(sglang_install_source='wheelhouse', sglang_wheelhouse_src=str(tmp_path))
+    settings.update(sglang_install_source="wheelhouse", sglang_wheelhouse_src=str(tmp_path))
     assert errors(settings) == [
         f'sglang_wheelhouse_src="{tmp_path}": must be an absolute directory on the'
-        ' controller holding an sglang-*.whl (build it with `make wheelhouse`)'
+        " controller holding an sglang-*.whl (build it with `make wheelhouse`)"
     ]
-    (tmp_path / 'sglang-0.5.23-py3-none-any.whl').write_text('')
+    (tmp_path / "sglang-0.5.23-py3-none-any.whl").write_text("")
     assert errors(settings) == []
-    settings.update(sglang_install_source='git', sglang_git_ref='')
-    assert errors(settings)[0].startswith('sglang_install_source=git needs sglang_git_repo')
+    settings.update(sglang_install_source="git", sglang_git_ref="")
+    assert errors(settings)[0].startswith("sglang_install_source=git needs sglang_git_repo")
     settings.update(
-        sglang_install_source='pypi',
+        sglang_install_source="pypi",
         sglang_install_dependencies=False,
-        sglang_dependency_requirements=['--index-url=http://x'],
+        sglang_dependency_requirements=["--index-url=http://x"],
     )
-    assert errors(settings)[0].startswith('sglang_install_dependencies=false: sglang_dependency_requirements')
+    assert errors(settings)[0].startswith("sglang_install_dependencies=false: sglang_dependency_requirements")
 
 
 def test_every_broken_rule_is_reported_at_once(settings):
-    settings.update(sglang_port=0, sglang_tp_size=3, sglang_host='')
-    names = [e.split('=')[0].split(':')[0] for e in errors(settings)]
-    assert names == ['sglang_port', 'sglang_tp_size', 'sglang_host']
+    settings.update(sglang_port=0, sglang_tp_size=3, sglang_host="")
+    names = [e.split("=")[0].split(":")[0] for e in errors(settings)]
+    assert names == ["sglang_port", "sglang_tp_size", "sglang_host"]
 
 
 @pytest.mark.parametrize(
-    'value', ['x' * 43, 'x' * 44, 'x' * 60, 'word ' * 20, ['a b', 'c d e f g h i j k l m n']]
+    "value", ["x" * 43, "x" * 44, "x" * 60, "word " * 20, ["a b", "c d e f g h i j k l m n"]]
 )
 def test_long_values_are_cut_like_jinja_truncate(value):
     import json
 
     from jinja2 import Environment
 
-    jinja = Environment().from_string('{{ v | truncate(40) }}')
+    jinja = Environment().from_string("{{ v | truncate(40) }}")
     assert plugin.shown(value, 40) == jinja.render(v=json.dumps(value))

@@ -46,7 +46,7 @@ EXEC_CASES = [
     ("double_quote", 'say "hi"', '"say \\"hi\\""'),
     ("backslash", "C:\\path\\n", '"C:\\\\path\\\\n"'),
     ("trailing_backslash", "end\\", '"end\\\\"'),
-    ("single_quote", "it's", "\"it's\""),
+    ("single_quote", "it's", '"it\'s"'),
     ("semicolon", ";", '";"'),
     ("hash", "#not-a-comment", '"#not-a-comment"'),
     ("equals", "--flag=value", '"--flag=value"'),
@@ -97,8 +97,17 @@ def test_exec_quote_joins_all_words_in_order():
 
 
 def test_exec_lines_keeps_flag_and_value_on_one_line():
-    argv = ["/opt/v/bin/sglang", "serve", "--model-path", "/m", "--speculative-draft-window-size", "2048",
-            "--trust-remote-code", "--api-key", "${SGLANG_API_KEY}"]
+    argv = [
+        "/opt/v/bin/sglang",
+        "serve",
+        "--model-path",
+        "/m",
+        "--speculative-draft-window-size",
+        "2048",
+        "--trust-remote-code",
+        "--api-key",
+        "${SGLANG_API_KEY}",
+    ]
     assert FILTERS["systemd_exec_lines"](argv, secret_positions=[8]) == (
         '"/opt/v/bin/sglang" "serve" \\\n'
         '    "--model-path" "/m" \\\n'
@@ -122,8 +131,16 @@ def test_secret_reference_only_at_its_position():
     """Issue 18: a user value holding ${SGLANG_API_KEY} (or any ${...}) was substituted by systemd,
     so the served name (or any other value) became the API key. Only the element the argv builder
     put after --api-key is a reference now; the same text anywhere else reaches SGLang literally."""
-    argv = ["/v/bin/sglang", "serve", "--served-model-name", "${SGLANG_API_KEY}",
-            "--api-key", "${SGLANG_API_KEY}", "--chat-template", "a${SGLANG_API_KEY}b${HOME}"]
+    argv = [
+        "/v/bin/sglang",
+        "serve",
+        "--served-model-name",
+        "${SGLANG_API_KEY}",
+        "--api-key",
+        "${SGLANG_API_KEY}",
+        "--chat-template",
+        "a${SGLANG_API_KEY}b${HOME}",
+    ]
     assert FILTERS["systemd_exec_quote"](argv, secret_positions=[5]) == (
         '"/v/bin/sglang" "serve" "--served-model-name" "$${SGLANG_API_KEY}" '
         '"--api-key" "${SGLANG_API_KEY}" "--chat-template" "a$${SGLANG_API_KEY}b$${HOME}"'
@@ -272,10 +289,13 @@ def _lab_host():
     name, host = next(iter(hosts.items()))
     ssh = [
         "ssh",
-        "-i", host["ansible_ssh_private_key_file"],
+        "-i",
+        host["ansible_ssh_private_key_file"],
         *shlex.split(host.get("ansible_ssh_common_args", "")),
-        "-o", "BatchMode=yes",
-        "-o", "ConnectTimeout=10",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
         f"{host.get('ansible_user', 'root')}@{host['ansible_host']}",
     ]
     return name, ssh

@@ -13,8 +13,8 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES
 
-SHOW = FIXTURES / 'systemd'
-SENTINEL = 'sk-sentinel-unit-77'
+SHOW = FIXTURES / "systemd"
+SENTINEL = "sk-sentinel-unit-77"
 UNIT = """[Unit]
 Description=SGLang
 
@@ -27,164 +27,165 @@ KillMode=control-group
 [Install]
 WantedBy=multi-user.target
 """
-ENV = f'SGLANG_API_KEY={SENTINEL}\nHF_HOME=/var/lib/sglang/hf\n'
+ENV = f"SGLANG_API_KEY={SENTINEL}\nHF_HOME=/var/lib/sglang/hf\n"
+
 
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     """Fake systemctl (show answers from recorded files, in order); the real systemd-analyze."""
-    state = {'show': [], 'calls': []}
+    state = {"show": [], "calls": []}
 
     def fake(self, cmd, **kwargs):
         name = os.path.basename(cmd[0])
-        if name == 'systemd-analyze':
+        if name == "systemd-analyze":
             proc = subprocess.run(
-                cmd, capture_output=True, text=True, env={**os.environ, **kwargs.get('environ_update', {})}
+                cmd, capture_output=True, text=True, env={**os.environ, **kwargs.get("environ_update", {})}
             )
-            state['calls'].append(['systemd-analyze', cmd[1], proc.returncode])
+            state["calls"].append(["systemd-analyze", cmd[1], proc.returncode])
             return proc.returncode, proc.stdout, proc.stderr
-        assert name == 'systemctl', cmd
-        state['calls'].append(cmd[1:])
-        if cmd[1] == 'show':
-            fixture = state['show'].pop(0) if len(state['show']) > 1 else state['show'][0]
-            return 0, (SHOW / fixture).read_text(), ''
-        return 0, '', ''
+        assert name == "systemctl", cmd
+        state["calls"].append(cmd[1:])
+        if cmd[1] == "show":
+            fixture = state["show"].pop(0) if len(state["show"]) > 1 else state["show"][0]
+            return 0, (SHOW / fixture).read_text(), ""
+        return 0, "", ""
 
-    monkeypatch.setattr(AnsibleModule, 'run_command', fake)
+    monkeypatch.setattr(AnsibleModule, "run_command", fake)
     monkeypatch.setattr(
         AnsibleModule,
-        'get_bin_path',
-        lambda self, name, required=False, opt_dirs=None: shutil.which(name) or f'/usr/bin/{name}',
+        "get_bin_path",
+        lambda self, name, required=False, opt_dirs=None: shutil.which(name) or f"/usr/bin/{name}",
     )
-    (tmp_path / 'system').mkdir()
-    (tmp_path / 'etc').mkdir()
-    state['args'] = {
-        'name': 'sglang.service',
-        'unit_path': str(tmp_path / 'system' / 'sglang.service'),
-        'unit_content': UNIT.format(window=2048),
-        'env_path': str(tmp_path / 'etc' / 'sglang.env'),
-        'env_content': ENV,
-        'previous_dir': str(tmp_path / 'previous'),
+    (tmp_path / "system").mkdir()
+    (tmp_path / "etc").mkdir()
+    state["args"] = {
+        "name": "sglang.service",
+        "unit_path": str(tmp_path / "system" / "sglang.service"),
+        "unit_content": UNIT.format(window=2048),
+        "env_path": str(tmp_path / "etc" / "sglang.env"),
+        "env_content": ENV,
+        "previous_dir": str(tmp_path / "previous"),
     }
-    state['tmp'] = tmp_path
+    state["tmp"] = tmp_path
     return state
 
 
 def actions(state):
-    return [c for c in state['calls'] if c[0] != 'show']
+    return [c for c in state["calls"] if c[0] != "show"]
 
 
 def test_first_install_writes_both_files_reloads_and_enables(run_module, host):
-    host['show'] = ['unit-show-not-found.txt', 'unit-show-enabled.txt']
-    result, failed = run_module('sglang_unit', host['args'])
+    host["show"] = ["unit-show-not-found.txt", "unit-show-enabled.txt"]
+    result, failed = run_module("sglang_unit", host["args"])
     assert not failed, result
     assert (
-        result['unit_changed']
-        and result['env_changed']
-        and result['daemon_reloaded']
-        and result['enabled_now']
+        result["unit_changed"]
+        and result["env_changed"]
+        and result["daemon_reloaded"]
+        and result["enabled_now"]
     )
     assert actions(host) == [
-        ['systemd-analyze', 'verify', 0],
-        ['daemon-reload'],
-        ['enable', '--', 'sglang.service'],
+        ["systemd-analyze", "verify", 0],
+        ["daemon-reload"],
+        ["enable", "--", "sglang.service"],
     ]
-    unit, env = host['args']['unit_path'], host['args']['env_path']
+    unit, env = host["args"]["unit_path"], host["args"]["env_path"]
     assert Path(unit).read_text() == UNIT.format(window=2048) and Path(env).read_text() == ENV
     assert stat.S_IMODE(os.stat(unit).st_mode) == 0o644 and stat.S_IMODE(os.stat(env).st_mode) == 0o600
-    assert result['status']['UnitFileState'] == 'enabled' and result['status']['LoadState'] == 'loaded'
-    assert not os.path.exists(host['args']['previous_dir'])  # nothing was replaced
+    assert result["status"]["UnitFileState"] == "enabled" and result["status"]["LoadState"] == "loaded"
+    assert not os.path.exists(host["args"]["previous_dir"])  # nothing was replaced
     assert SENTINEL not in run_module.last_output
 
 
 def test_unchanged_files_on_an_enabled_current_unit_change_nothing(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    host['calls'].clear()
-    mtime = os.stat(host['args']['unit_path']).st_mtime_ns
-    result, failed = run_module('sglang_unit', host['args'])
-    assert not failed and result['changed'] is False, result
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
+    mtime = os.stat(host["args"]["unit_path"]).st_mtime_ns
+    result, failed = run_module("sglang_unit", host["args"])
+    assert not failed and result["changed"] is False, result
     assert actions(host) == []
-    assert os.stat(host['args']['unit_path']).st_mtime_ns == mtime
+    assert os.stat(host["args"]["unit_path"]).st_mtime_ns == mtime
 
 
 def test_window_change_keeps_the_previous_unit_and_diffs_only_the_unit(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    host['calls'].clear()
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
     args = dict(
-        host['args'], unit_content=UNIT.format(window=4096), env_content=ENV + 'X=1\n', _ansible_diff=True
+        host["args"], unit_content=UNIT.format(window=4096), env_content=ENV + "X=1\n", _ansible_diff=True
     )
-    result, failed = run_module('sglang_unit', args)
+    result, failed = run_module("sglang_unit", args)
     assert not failed, result
     assert (
-        result['unit_changed']
-        and result['env_changed']
-        and result['daemon_reloaded']
-        and not result['enabled_now']
+        result["unit_changed"]
+        and result["env_changed"]
+        and result["daemon_reloaded"]
+        and not result["enabled_now"]
     )
-    assert actions(host) == [['systemd-analyze', 'verify', 0], ['daemon-reload']]
-    assert '"4096"' in result['diff']['after'] and '"2048"' in result['diff']['before']
+    assert actions(host) == [["systemd-analyze", "verify", 0], ["daemon-reload"]]
+    assert '"4096"' in result["diff"]["after"] and '"2048"' in result["diff"]["before"]
     assert SENTINEL not in run_module.last_output
-    previous = host['tmp'] / 'previous'
-    assert (previous / 'sglang.service.previous').read_text() == UNIT.format(window=2048)
-    assert (previous / 'sglang.env.previous').read_text() == ENV
-    assert stat.S_IMODE(os.stat(previous / 'sglang.env.previous').st_mode) == 0o600
-    assert '"4096"' in Path(host['args']['unit_path']).read_text()
+    previous = host["tmp"] / "previous"
+    assert (previous / "sglang.service.previous").read_text() == UNIT.format(window=2048)
+    assert (previous / "sglang.env.previous").read_text() == ENV
+    assert stat.S_IMODE(os.stat(previous / "sglang.env.previous").st_mode) == 0o600
+    assert '"4096"' in Path(host["args"]["unit_path"]).read_text()
 
 
 def test_env_only_change_does_not_reload_systemd(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    host['calls'].clear()
-    result, failed = run_module('sglang_unit', dict(host['args'], env_content=ENV + 'NCCL_P2P_DISABLE=1\n'))
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
+    result, failed = run_module("sglang_unit", dict(host["args"], env_content=ENV + "NCCL_P2P_DISABLE=1\n"))
     assert (
-        not failed and result['env_changed'] and not result['unit_changed'] and not result['daemon_reloaded']
+        not failed and result["env_changed"] and not result["unit_changed"] and not result["daemon_reloaded"]
     )
     assert actions(host) == []
 
 
 def test_a_unit_systemd_refuses_leaves_the_host_as_it_was(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    host['calls'].clear()
-    bad = UNIT.format(window=4096).replace('KillMode=control-group', 'ExecStartPre=relative/path')
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
+    bad = UNIT.format(window=4096).replace("KillMode=control-group", "ExecStartPre=relative/path")
     result, failed = run_module(
-        'sglang_unit', dict(host['args'], unit_content=bad, env_content=ENV + 'Y=2\n')
+        "sglang_unit", dict(host["args"], unit_content=bad, env_content=ENV + "Y=2\n")
     )
     assert failed
-    assert 'systemd-analyze verify refused the new sglang.service' in result['msg']
-    assert 'relative/path' in result['msg'] and host['args']['unit_path'] in result['msg']
-    assert actions(host) == [['systemd-analyze', 'verify', 1]]
-    assert Path(host['args']['unit_path']).read_text() == UNIT.format(window=2048)
-    assert Path(host['args']['env_path']).read_text() == ENV
-    assert not os.path.exists(host['args']['previous_dir'])
+    assert "systemd-analyze verify refused the new sglang.service" in result["msg"]
+    assert "relative/path" in result["msg"] and host["args"]["unit_path"] in result["msg"]
+    assert actions(host) == [["systemd-analyze", "verify", 1]]
+    assert Path(host["args"]["unit_path"]).read_text() == UNIT.format(window=2048)
+    assert Path(host["args"]["env_path"]).read_text() == ENV
+    assert not os.path.exists(host["args"]["previous_dir"])
 
 
 def test_check_mode_validates_reports_and_writes_nothing(run_module, host):
-    host['show'] = ['unit-show-not-found.txt']
-    result, failed = run_module('sglang_unit', dict(host['args'], _ansible_check_mode=True))
-    assert not failed and result['changed'] and result['unit_changed'] and result['daemon_reloaded']
-    assert actions(host) == [['systemd-analyze', 'verify', 0]]
-    assert not os.path.exists(host['args']['unit_path']) and not os.path.exists(host['args']['env_path'])
-    assert result['status']['LoadState'] == 'not-found'
+    host["show"] = ["unit-show-not-found.txt"]
+    result, failed = run_module("sglang_unit", dict(host["args"], _ansible_check_mode=True))
+    assert not failed and result["changed"] and result["unit_changed"] and result["daemon_reloaded"]
+    assert actions(host) == [["systemd-analyze", "verify", 0]]
+    assert not os.path.exists(host["args"]["unit_path"]) and not os.path.exists(host["args"]["env_path"])
+    assert result["status"]["LoadState"] == "not-found"
 
 
 def test_systemd_holding_an_older_definition_is_reloaded(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    host['calls'].clear()
-    host['show'] = ['unit-show-need-reload.txt', 'unit-show-enabled.txt']
-    result, failed = run_module('sglang_unit', host['args'])
-    assert not failed and result['changed'] and result['daemon_reloaded']
-    assert not result['unit_changed'] and not result['env_changed']
-    assert actions(host) == [['daemon-reload']]
-    assert result['status']['NeedDaemonReload'] == 'no'
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
+    host["show"] = ["unit-show-need-reload.txt", "unit-show-enabled.txt"]
+    result, failed = run_module("sglang_unit", host["args"])
+    assert not failed and result["changed"] and result["daemon_reloaded"]
+    assert not result["unit_changed"] and not result["env_changed"]
+    assert actions(host) == [["daemon-reload"]]
+    assert result["status"]["NeedDaemonReload"] == "no"
 
 
 def test_wrong_mode_is_corrected(run_module, host):
-    host['show'] = ['unit-show-enabled.txt']
-    run_module('sglang_unit', host['args'])
-    os.chmod(host['args']['env_path'], 0o644)
-    result, failed = run_module('sglang_unit', host['args'])
-    assert not failed and result['env_changed'] and not result['unit_changed']
-    assert stat.S_IMODE(os.stat(host['args']['env_path']).st_mode) == 0o600
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    os.chmod(host["args"]["env_path"], 0o644)
+    result, failed = run_module("sglang_unit", host["args"])
+    assert not failed and result["env_changed"] and not result["unit_changed"]
+    assert stat.S_IMODE(os.stat(host["args"]["env_path"]).st_mode) == 0o600

@@ -146,8 +146,10 @@ def _check_option(path: str, where: str, name: str, value, specs: dict[str, dict
     if name not in options:
         close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.7)
         hint = f"; did you mean {close[0]}?" if close else ""
-        raise DataError(f"{path}: {where}{name} is not an option of the role {role} "
-                        f"(roles/{role}/meta/argument_specs.yml){hint}")
+        raise DataError(
+            f"{path}: {where}{name} is not an option of the role {role} "
+            f"(roles/{role}/meta/argument_specs.yml){hint}"
+        )
     if isinstance(value, _Opaque) or value is None:
         return
     spec = {k: v for k, v in options[name].items() if k not in ("required", "default")}

@@ -120,8 +120,11 @@ SECRET_ENV_KEEP = {"ANSIBLE_PRIVATE_KEY_FILE", "SSH_AUTH_SOCK"}
 def ansible_env(repo: Path, tree: Path, scrub: bool = False) -> dict[str, str]:
     """The environment of ansible-playbook; `scrub` (the plan) drops every variable named like a
     secret (CI tokens, vault settings, keys), so that no production secret reaches the plan."""
-    env = {k: v for k, v in os.environ.items()
-           if not (scrub and SECRET_ENV.search(k) and k not in SECRET_ENV_KEEP)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (scrub and SECRET_ENV.search(k) and k not in SECRET_ENV_KEEP)
+    }
     env.update(
         ANSIBLE_CONFIG=str(tree / "ansible.cfg"),
         ANSIBLE_NOCOLOR="1",
@@ -170,8 +173,9 @@ def run_logged(
         return proc.wait()
 
 
-def inventory_hosts(ansible_inventory: str, env: dict[str, str], tree: Path, inventory: str,
-                    limit: str | None) -> list[str]:
+def inventory_hosts(
+    ansible_inventory: str, env: dict[str, str], tree: Path, inventory: str, limit: str | None
+) -> list[str]:
     argv = [ansible_inventory, "-i", inventory, "--list"]
     if limit:
         argv += ["--limit", limit]
@@ -196,6 +200,7 @@ def failure_lines(logtext: str, host: str) -> str:
 
 
 # ---- comparing values -------------------------------------------------------------------------
+
 
 def norm(value):
     """Compare '2048' with 2048, 'true' with True, '0.85' with 0.85 (argv strings vs JSON values)."""
@@ -307,6 +312,7 @@ def drift_findings(report: dict) -> list[str]:
 
 # ---- reports ----------------------------------------------------------------------------------
 
+
 def fmt(value) -> str:
     if value is None:
         return "(not set)"
@@ -358,8 +364,10 @@ def host_section(name: str, report: dict, mode: str) -> str:
     invocation, state = report.get("invocation_id") or "-", report.get("active_state") or "unknown"
     out.append(f"InvocationID `{invocation}`, service {state}.\n\n")
     if not report.get("inspectable", True):
-        out.append(f"SGLang {report.get('sglang_version')} is not installed yet: the command line, unit and "
-                   "environment file cannot be rendered before it is (the apply installs it first).\n\n")
+        out.append(
+            f"SGLang {report.get('sglang_version')} is not installed yet: the command line, unit and "
+            "environment file cannot be rendered before it is (the apply installs it first).\n\n"
+        )
     if mode == "drift" and findings:
         out += [f"- {f}\n" for f in findings]
         out.append("\n")
@@ -409,29 +417,49 @@ def plan_context(meta: dict, reports: dict[str, dict], notes: list[str]) -> dict
             sections.append({"name": name, "error": r.get("error") or "unknown error"})
             continue
         what = host_changes(r)
-        hosts.append({"name": name, "cell": ", ".join(what) if what else "none",
-                      "restart": "yes" if r.get("restart") else "no"})
+        hosts.append(
+            {
+                "name": name,
+                "cell": ", ".join(what) if what else "none",
+                "restart": "yes" if r.get("restart") else "no",
+            }
+        )
         title = ("WILL RESTART" if r.get("restart") else "changes without restart") if what else "no change"
         rows = running_rows(r)
-        sections.append({
-            "name": name, "error": None, "title": title,
-            "invocation": r.get("invocation_id") or "-", "state": r.get("active_state") or "unknown",
-            "inspectable": r.get("inspectable", True), "sglang_version": r.get("sglang_version"),
-            "restart_reasons": r.get("restart_reasons") or [],
-            "running_rows": rows,
-            "running_diff": (r.get("running_diff") or []) if r.get("running_msg") else [],
-            "unit_diff": unit_diff_text(r), "unit_path": r["unit"]["path"],
-            "env_rows": r["env"].get("diff") or [], "env_changed": r["env"]["changed"],
-            "env_path": r["env"]["path"], "api_key_from_host": r["env"].get("api_key_from_host"),
-            "config_changed": bool((r.get("config") or {}).get("changed")),
-            "config_path": (r.get("config") or {}).get("path"),
-        })
+        sections.append(
+            {
+                "name": name,
+                "error": None,
+                "title": title,
+                "invocation": r.get("invocation_id") or "-",
+                "state": r.get("active_state") or "unknown",
+                "inspectable": r.get("inspectable", True),
+                "sglang_version": r.get("sglang_version"),
+                "restart_reasons": r.get("restart_reasons") or [],
+                "running_rows": rows,
+                "running_diff": (r.get("running_diff") or []) if r.get("running_msg") else [],
+                "unit_diff": unit_diff_text(r),
+                "unit_path": r["unit"]["path"],
+                "env_rows": r["env"].get("diff") or [],
+                "env_changed": r["env"]["changed"],
+                "env_path": r["env"]["path"],
+                "api_key_from_host": r["env"].get("api_key_from_host"),
+                "config_changed": bool((r.get("config") or {}).get("changed")),
+                "config_path": (r.get("config") or {}).get("path"),
+            }
+        )
     return {
-        "marker": PLAN_MARKER, "base": meta["base"], "head": meta["head"], "inventory": meta["inventory"],
-        "hosts": hosts, "sections": sections, "notes": notes,
+        "marker": PLAN_MARKER,
+        "base": meta["base"],
+        "head": meta["head"],
+        "inventory": meta["inventory"],
+        "hosts": hosts,
+        "sections": sections,
+        "notes": notes,
         "changed": [h for h in hosts if h["cell"] not in ("none", "ERROR")],
         "errors": [h for h in hosts if h["cell"] == "ERROR"],
-        "code_changed": meta.get("code_changed") or [], "data_changes": meta.get("data_changes") or [],
+        "code_changed": meta.get("code_changed") or [],
+        "data_changes": meta.get("data_changes") or [],
         "changed_files": meta.get("changed_files") or [],
     }
 
@@ -441,10 +469,13 @@ def render_plan(meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
     try:
         import jinja2
     except ImportError as exc:
-        raise GitopsError(f"the plan comment is a Jinja template ({exc}): run with the controller virtualenv "
-                          "(make venv)") from None
+        raise GitopsError(
+            f"the plan comment is a Jinja template ({exc}): run with the controller virtualenv (make venv)"
+        ) from None
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, keep_trailing_newline=True,
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=False,
+        keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(fence=fence, md_escape=md_escape, fmt=fmt)
@@ -463,16 +494,20 @@ def render(mode: str, meta: dict, reports: dict[str, dict], notes: list[str]) ->
     changed = [h for h, r in reports.items() if judge(r)]
     head = [marker, ""]
     if mode == "plan":
-        head.append(f"## SGLang deploy plan: {len(changed)} of {len(reports)} hosts change"
-                    + (f", {len(errors)} ERROR" if errors else ""))
+        head.append(
+            f"## SGLang deploy plan: {len(changed)} of {len(reports)} hosts change"
+            + (f", {len(errors)} ERROR" if errors else "")
+        )
         head.append("")
         head.append(
             f"base `{meta['base'][:12]}` -> head `{meta['head'][:12]}`, inventory `{meta['inventory']}`. "
             "Computed in check mode with read-only queries: no host was changed."
         )
     else:
-        head.append(f"## SGLang drift: {len(changed)} of {len(reports)} hosts differ from git"
-                    + (f", {len(errors)} ERROR" if errors else ""))
+        head.append(
+            f"## SGLang drift: {len(changed)} of {len(reports)} hosts differ from git"
+            + (f", {len(errors)} ERROR" if errors else "")
+        )
         head.append("")
         head.append(f"ref `{meta['head'][:12]}`, inventory `{meta['inventory']}`, checked {meta['finished']}")
     head.append("")
@@ -527,8 +562,15 @@ def summary(mode: str, meta: dict, reports: dict[str, dict], rc: int) -> dict:
     status = "error" if errors or rc != 0 else ("changes" if changed else "no_change")
     if mode == "drift" and status == "changes":
         status = "drift"
-    return {"mode": mode, "status": status, **meta, "ansible_rc": rc, "changed_hosts": changed,
-            "error_hosts": errors, "hosts": hosts}
+    return {
+        "mode": mode,
+        "status": status,
+        **meta,
+        "ansible_rc": rc,
+        "changed_hosts": changed,
+        "error_hosts": errors,
+        "hosts": hosts,
+    }
 
 
 def exit_status(summ: dict) -> int:
@@ -543,6 +585,7 @@ def now() -> str:
 
 # ---- inspection (plan and drift) --------------------------------------------------------------
 
+
 def role_spec_texts(tree: Path) -> dict[str, str]:
     specs = sorted((tree / "roles").glob("*/meta/argument_specs.yml"))
     return {p.parent.parent.name: p.read_text() for p in specs}
@@ -554,8 +597,10 @@ def pr_data(repo: Path, base: str, head: str, tree: Path) -> dict:
     try:
         import datacheck
     except ImportError as exc:
-        raise GitopsError(f"the plan checks the pull request's data with PyYAML and ansible-core ({exc}): "
-                          "run it with the controller virtualenv's python (make venv)") from None
+        raise GitopsError(
+            f"the plan checks the pull request's data with PyYAML and ansible-core ({exc}): "
+            "run it with the controller virtualenv's python (make venv)"
+        ) from None
     raw = str(git(repo, "diff", "--raw", "--no-renames", "--no-abbrev", "-z", base, head))
     fields = raw.split("\0")
     entries = []
@@ -595,16 +640,19 @@ def pr_data(repo: Path, base: str, head: str, tree: Path) -> dict:
 
 
 def refused_report(meta: dict, errors: list[str]) -> str:
-    return "\n".join([
-        PLAN_MARKER, "",
-        "## SGLang deploy plan: REFUSED, the pull request's data did not pass the checks",
-        "",
-        f"base `{meta['base'][:12]}` -> head `{meta['head'][:12]}`, inventory `{meta['inventory']}`. "
-        "No host was contacted.",
-        "",
-        *[f"- {md_escape(e)}" for e in errors],
-        "",
-    ])
+    return "\n".join(
+        [
+            PLAN_MARKER,
+            "",
+            "## SGLang deploy plan: REFUSED, the pull request's data did not pass the checks",
+            "",
+            f"base `{meta['base'][:12]}` -> head `{meta['head'][:12]}`, inventory `{meta['inventory']}`. "
+            "No host was contacted.",
+            "",
+            *[f"- {md_escape(e)}" for e in errors],
+            "",
+        ]
+    )
 
 
 def inspect(tool: str, mode: str, args) -> int:
@@ -636,15 +684,25 @@ def inspect(tool: str, mode: str, args) -> int:
             raise GitopsError(f"{playbook} does not exist at {(base or head)[:12]}")
         if mode == "plan":
             trust = pr_data(repo, base, head, tree)
-            meta.update(code_changed=trust["code"], data_changed=trust["data"],
-                        data_changes=trust["data_changes"])
+            meta.update(
+                code_changed=trust["code"], data_changed=trust["data"], data_changes=trust["data_changes"]
+            )
             if trust["errors"]:
                 (out / "plan.md").write_text(refused_report(meta, trust["errors"]))
-                summ = {"mode": mode, "status": "error", **meta, "refused": trust["errors"],
-                        "changed_hosts": [], "error_hosts": [], "hosts": {}}
+                summ = {
+                    "mode": mode,
+                    "status": "error",
+                    **meta,
+                    "refused": trust["errors"],
+                    "changed_hosts": [],
+                    "error_hosts": [],
+                    "hosts": {},
+                }
                 (out / "plan.json").write_text(json.dumps(summ, indent=2, sort_keys=True) + "\n")
-                raise GitopsError("the pull request's data was refused (nothing was planned):\n  "
-                                  + "\n  ".join(trust["errors"]))
+                raise GitopsError(
+                    "the pull request's data was refused (nothing was planned):\n  "
+                    + "\n  ".join(trust["errors"])
+                )
         note = place_inventory(repo, head, relinv, tree)
         if note:
             notes.append(note)
@@ -653,11 +711,25 @@ def inspect(tool: str, mode: str, args) -> int:
         inventory_bin = str(Path(playbook_bin).with_name("ansible-inventory"))
         hosts = inventory_hosts(inventory_bin, env, tree, relinv, args.limit)
         if not hosts:
-            raise GitopsError(f"--inventory {relinv}: no hosts in group gpu_nodes" + (
-                f" matching --limit {args.limit}" if args.limit else ""))
-        argv = [playbook_bin, "-i", relinv, playbook, "--check", "--diff",
-                "-e", json.dumps({"gitops_report_dir": str(reports_dir),
-                                  "gitops_api_key_from_host": bool(args.secrets_from_host)})]
+            raise GitopsError(
+                f"--inventory {relinv}: no hosts in group gpu_nodes"
+                + (f" matching --limit {args.limit}" if args.limit else "")
+            )
+        argv = [
+            playbook_bin,
+            "-i",
+            relinv,
+            playbook,
+            "--check",
+            "--diff",
+            "-e",
+            json.dumps(
+                {
+                    "gitops_report_dir": str(reports_dir),
+                    "gitops_api_key_from_host": bool(args.secrets_from_host),
+                }
+            ),
+        ]
         if args.limit:
             argv += ["--limit", args.limit]
         if getattr(args, "vault_password_file", None):
@@ -680,6 +752,7 @@ def inspect(tool: str, mode: str, args) -> int:
 
 # ---- the deploy lock --------------------------------------------------------------------------
 
+
 def default_lock_dir() -> Path:
     """$XDG_RUNTIME_DIR/sglang-gitops, else ~/.cache/sglang-gitops: never a shared /tmp or /var/lock."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -698,8 +771,9 @@ def private_dir(path: Path, flag: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise GitopsError(f"{flag} {path}: not a directory of this user's ({exc.strerror}; a symlink is "
-                          "never followed)") from None
+        raise GitopsError(
+            f"{flag} {path}: not a directory of this user's ({exc.strerror}; a symlink is never followed)"
+        ) from None
     st = os.fstat(fd)
     problem = None
     if st.st_uid != os.geteuid():

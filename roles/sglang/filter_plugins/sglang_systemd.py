@@ -94,12 +94,7 @@ def _escape_exec_word(word, secret_ref):
 
 
 def _escape_exec_plain(text):
-    return (
-        text.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("%", "%%")
-        .replace("$", "$$")
-    )
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
 
 
 def systemd_exec_quote(argv, allow_env=_DEFAULT_ALLOW_ENV, separator=" ", secret_positions=()):
@@ -180,27 +175,18 @@ def systemd_env_quote(value, name="value"):
     text = _as_text(value, what)
     _check_controls(text, what)
     _check_utf8(text, what)
-    escaped = (
-        text.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("`", "\\`")
-        .replace("$", "\\$")
-    )
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$")
     return '"' + escaped + '"'
 
 
 def systemd_env_lines(environment):
     """Render a dict as sorted ``NAME="value"`` lines for an EnvironmentFile=."""
     if not isinstance(environment, dict):
-        raise AnsibleFilterError(
-            f"systemd_env_lines expects a dict, got {type(environment).__name__}"
-        )
+        raise AnsibleFilterError(f"systemd_env_lines expects a dict, got {type(environment).__name__}")
     lines = []
     for name in sorted(environment):
         if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise AnsibleFilterError(
-                f"environment variable name {name!r} does not match ^[A-Z_][A-Z0-9_]*$"
-            )
+            raise AnsibleFilterError(f"environment variable name {name!r} does not match ^[A-Z_][A-Z0-9_]*$")
         lines.append(f"{name}={systemd_env_quote(environment[name], name)}")
     return lines
 
