@@ -124,15 +124,6 @@ def messages(entries, last=None):
     return texts
 
 
-def invocation_messages(text_or_entries, invocation_id, pids=(), last=None, since_monotonic_us=None):
-    """Convenience: parse (if text) + select + messages."""
-    if isinstance(text_or_entries, str):
-        entries, _bad = parse_json_lines(text_or_entries)
-    else:
-        entries = list(text_or_entries)
-    return messages(select_invocation(entries, invocation_id, pids, since_monotonic_us), last)
-
-
 JOURNAL_ENV = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
 
 
