@@ -6,6 +6,9 @@ The canonical keys and their accepted dests per build come from module_utils/sgl
 ``capabilities`` is the return value of the
 ``sglang_capabilities`` module: ``{'version', 'options': {dest: {...}}, 'algorithms': [...]}``.
 
+Over 500 lines since ruff format put one argument per line: one builder (settings, flag names, build
+profile, secrets, extra arguments -> argv), every step of it reading the same capabilities.
+
 Pure functions, standard library only. Every error is a ``ValueError`` whose text starts with
 the setting or flag concerned.
 """
