@@ -19,6 +19,10 @@ description:
     group, mode), the service account O(user) and its group, the files O(files) (content sha1, owner,
     group, mode), the sha256 of each file of O(sha256), whether each file of O(modes) has its owner,
     group and mode, and the unit's state (C(systemctl show)).
+  - The unit's drop-ins (RV(dropins)) - the C(DropInPaths) systemd has loaded and every C(*.conf) on disk in
+    the unit's drop-in directories of O(dropin_dirs) (also those a C(daemon-reload) has not loaded yet), each
+    with its first lines, secrets redacted (module_utils/sglang_redact). The sglang role renders none, so each
+    one is a finding (tasks/dropins.yml).
   - Needs no root. What it cannot read (a file, a directory, a marker it has no permission for) is
     reported as not good (a missing sha256, a bad directory or file, no marker), never as an error, so
     a check-mode plan run as another account shows a difference instead of failing.
@@ -133,6 +137,22 @@ options:
         to C(root).
     type: dict
     default: {}
+  dropin_dirs:
+    description:
+      - The unit directories searched for drop-ins of O(unit) (C(<dir>/<unit>.d/*.conf), the type-wide
+        C(<dir>/service.d/*.conf) and the prefix forms C(<dir>/<prefix>-.service.d/*.conf) of a dashed
+        name, systemd.unit(5)). Default systemd's system unit search path.
+    type: list
+    elements: path
+    default: [/etc/systemd/system.control, /run/systemd/system.control, /run/systemd/transient,
+              /run/systemd/generator.early, /etc/systemd/system, /etc/systemd/system.attached,
+              /run/systemd/system, /run/systemd/system.attached, /run/systemd/generator,
+              /usr/local/lib/systemd/system, /usr/lib/systemd/system, /lib/systemd/system,
+              /run/systemd/generator.late]
+  dropin_lines:
+    description: How many lines of each drop-in RV(dropins) shows (comments and blank lines skipped).
+    type: int
+    default: 6
 attributes:
   check_mode:
     support: full
@@ -222,11 +242,22 @@ modes_ok:
 systemd:
   description:
     - C(systemctl show) properties of O(unit) (LoadState, ActiveState, SubState, UnitFileState,
-      NeedDaemonReload, InvocationID, MainPID); C(LoadState=not-found) when there is no such unit; empty
-      when systemctl failed (with a warning).
+      NeedDaemonReload, InvocationID, MainPID, DropInPaths); C(LoadState=not-found) when there is no such
+      unit; empty when systemctl failed (with a warning).
   returned: always
   type: dict
   sample: {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "MainPID": "1234"}
+dropins:
+  description:
+    - Every drop-in of O(unit), sorted by path - C(path); C(loaded) (in systemd's C(DropInPaths)) and
+      C(on_disk) (found in O(dropin_dirs); a loaded one that is gone is C(on_disk=false)); C(shared) (a
+      type-wide or prefix drop-in, which other units read too); C(lines) (its first O(dropin_lines)
+      non-comment lines, secrets redacted; null when unreadable); C(sha256) (null when unreadable).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/systemd/system/sglang.service.d/override.conf", "loaded": true, "on_disk": true,
+            "shared": false, "lines": ["[Service]", "User=root"], "sha256": "5d1c..."}]
 """
 
 import glob
@@ -239,6 +270,7 @@ import re
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -250,10 +282,27 @@ PROBE_PROPERTIES = (
     "NeedDaemonReload",
     "InvocationID",
     "MainPID",
+    "DropInPaths",
 )
 DPKG_FORMAT = "${Package} ${db:Status-Abbrev}\n"
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
 MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
+# systemd's system unit search path (systemd.unit(5), "Unit File Load Path"), /lib for non-merged /usr.
+DROPIN_DIRS = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/run/systemd/transient",
+    "/run/systemd/generator.early",
+    "/etc/systemd/system",
+    "/etc/systemd/system.attached",
+    "/run/systemd/system",
+    "/run/systemd/system.attached",
+    "/run/systemd/generator",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+    "/run/systemd/generator.late",
+)
 
 
 class BadMode(ValueError):
@@ -399,6 +448,72 @@ def checked_modes(modes):
     return out
 
 
+def dropin_dir_names(unit):
+    """(name, shared) of each drop-in directory name systemd reads for ``unit`` (systemd.unit(5)):
+    ``foo-bar-baz.service.d``, then ``foo-bar-.service.d``, ``foo-.service.d`` and ``service.d`` (shared)."""
+    stem, dot, suffix = unit.rpartition(".")
+    if not dot:
+        return [(unit + ".d", False)]
+    names = [(unit + ".d", False)]
+    parts = stem.split("-")
+    for cut in range(len(parts) - 1, 0, -1):
+        names.append(("-".join(parts[:cut]) + "-." + suffix + ".d", True))
+    names.append((suffix + ".d", True))
+    return names
+
+
+def dropin_summary(path, limit):
+    """(first ``limit`` non-comment lines with secrets redacted, sha256), (None, None) when unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(1 << 20)
+    except OSError:
+        return None, None
+    lines = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        text = line.strip()
+        if not text or text.startswith(("#", ";")):
+            continue
+        if len(lines) == limit:
+            lines.append("...")
+            break
+        lines.append(redact_text(text))
+    return lines, hashlib.sha256(data).hexdigest()
+
+
+def dropins(unit, dirs, loaded_text, limit):
+    """Every drop-in of ``unit``: systemd's DropInPaths (space-separated) and the *.conf on disk."""
+    found, seen = {}, set()
+    names = dropin_dir_names(unit)
+    for directory in dirs:
+        # /lib is /usr/lib on a merged-/usr system: each directory once.
+        real = os.path.realpath(directory)
+        if real in seen:
+            continue
+        seen.add(real)
+        for name, shared in names:
+            for path in sorted(glob.glob(os.path.join(glob.escape(directory), glob.escape(name), "*.conf"))):
+                found.setdefault(path, {"path": path, "loaded": False, "on_disk": True, "shared": shared})
+    shared_names = {name for name, shared in names if shared}
+    for path in (loaded_text or "").split():
+        entry = found.setdefault(
+            path,
+            {
+                "path": path,
+                "loaded": True,
+                "on_disk": os.path.lexists(path),
+                "shared": os.path.basename(os.path.dirname(path)) in shared_names,
+            },
+        )
+        entry["loaded"] = True
+    out = []
+    for path in sorted(found):
+        entry = found[path]
+        entry["lines"], entry["sha256"] = dropin_summary(path, limit)
+        out.append(entry)
+    return out
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -443,6 +558,8 @@ def main():
             unit=dict(type="str", required=True),
             sha256=dict(type="dict", default={}),
             modes=dict(type="dict", default={}),
+            dropin_dirs=dict(type="list", elements="path", default=list(DROPIN_DIRS)),
+            dropin_lines=dict(type="int", default=6),
         ),
         supports_check_mode=True,
     )
@@ -483,6 +600,7 @@ def main():
         sha256={name: sha256_of(str(path)) for name, path in p["sha256"].items()},
         modes_ok={name: mode_ok(item) for name, item in modes.items()},
         systemd=systemd,
+        dropins=dropins(p["unit"], p["dropin_dirs"], systemd.get("DropInPaths"), p["dropin_lines"]),
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_systemd import parse_show
-from conftest import FIXTURES
+from conftest import FIXTURES, load_module
 
 RECORDED = FIXTURES / "host_probe"
 HISTORY_CLI = b'#!/usr/bin/python3\nprint("history")\n'
@@ -97,6 +97,8 @@ def want(root):
             "unit": {"path": str(root / "etc" / "sglang.service"), "mode": "0644", **mine},
             "env": {"path": str(root / "etc" / "sglang.env"), "mode": "0600", **mine},
         },
+        # Two unit directories (as /etc/systemd/system and /run/systemd/system), never this machine's.
+        "dropin_dirs": [str(root / "etc-systemd"), str(root / "run-systemd")],
     }
 
 
@@ -158,6 +160,7 @@ def test_nothing_installed_yet(run_module, host, tmp_path):
         "sha256": {"unit": None, "env": None, "known_good_unit": None},
         "modes_ok": {"unit": False, "env": False},
         "systemd": parse_show(recorded("show-lab-not-found.json")["stdout"]),
+        "dropins": [],
     }
     assert probe["systemd"]["LoadState"] == "not-found"
 
@@ -184,6 +187,7 @@ def test_everything_as_wanted(run_module, host, tmp_path, check_mode):
     assert result["systemd"] == parse_show(recorded("show-lab-running.json")["stdout"])
     assert result["systemd"]["LoadState"] == "loaded" and result["systemd"]["UnitFileState"] == "enabled"
     assert sorted(host["calls"]) == ["dpkg-query", "systemctl"] and host["warned"] == []
+    assert result["systemd"]["DropInPaths"] == "" and result["dropins"] == []
     assert sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
 
 
@@ -347,3 +351,84 @@ def test_a_mode_that_is_not_an_octal_string_is_refused(run_module, host, tmp_pat
     assert failed, result
     assert "octal string" in result["msg"], result["msg"]
     assert host["calls"] == []
+
+
+# ---- drop-ins ------------------------------------------------------------------------------------
+# override.conf: the drop-in written on lab210 for the recordings (SOURCE.md), copied from the host.
+OVERRIDE = (RECORDED / "override.conf").read_bytes()
+TOKEN = "hf_dropinRecordedNotARealToken"
+
+
+def test_a_loaded_dropin_is_reported_from_systemds_dropinpaths(run_module, host, tmp_path):
+    """systemctl show after daemon-reload lists the drop-in (DropInPaths); the file itself is not on this
+    machine (the path is the host's), so it is reported loaded, not on disk, content unknown."""
+    build_good_host(tmp_path)
+    host["show"] = "show-lab-dropin.json"
+    result, failed = run_module("sglang_host_probe", want(tmp_path))
+    assert not failed, result
+    path = "/etc/systemd/system/sglang.service.d/override.conf"
+    assert result["systemd"]["DropInPaths"] == path
+    assert not os.path.lexists(path), "this test needs a machine without that drop-in"
+    assert result["dropins"] == [
+        {"path": path, "loaded": True, "on_disk": False, "shared": False, "lines": None, "sha256": None}
+    ]
+
+
+def test_a_dropin_on_disk_that_systemd_has_not_loaded_is_reported_with_its_lines_redacted(
+    run_module, host, tmp_path
+):
+    """Written without daemon-reload, systemd 252 shows NO drop-in and NeedDaemonReload=no (recorded):
+    only the scan of the unit directories finds it. Comments are skipped, the token is masked."""
+    build_good_host(tmp_path)
+    host["show"] = "show-lab-dropin-pending.json"
+    shown = parse_show(recorded("show-lab-dropin-pending.json")["stdout"])
+    assert shown["DropInPaths"] == "" and shown["NeedDaemonReload"] == "no"
+    make_file(tmp_path / "run-systemd" / "sglang.service.d" / "override.conf", OVERRIDE, 0o644)
+    # Not drop-ins of sglang.service: another unit's, and a file without .conf.
+    make_file(tmp_path / "etc-systemd" / "other.service.d" / "x.conf", OVERRIDE, 0o644)
+    make_file(tmp_path / "etc-systemd" / "sglang.service.d" / "notes.txt", OVERRIDE, 0o644)
+    result, failed = run_module("sglang_host_probe", want(tmp_path))
+    assert not failed, result
+    assert result["dropins"] == [
+        {
+            "path": str(tmp_path / "run-systemd" / "sglang.service.d" / "override.conf"),
+            "loaded": False,
+            "on_disk": True,
+            "shared": False,
+            "lines": ["[Service]", "User=root", "Environment=HF_TOKEN=<redacted>"],
+            "sha256": hashlib.sha256(OVERRIDE).hexdigest(),
+        }
+    ]
+    assert TOKEN in OVERRIDE.decode() and TOKEN not in json.dumps(result)
+
+
+def test_shared_dropins_of_the_type_are_reported_as_shared_and_a_merged_dir_counts_once(
+    run_module, host, tmp_path
+):
+    """service.d applies to every service: reported shared (the role never removes it). /lib and /usr/lib
+    being one directory (merged /usr): each drop-in once."""
+    build_good_host(tmp_path)
+    make_file(tmp_path / "etc-systemd" / "service.d" / "10-x.conf", OVERRIDE, 0o644)
+    make_file(tmp_path / "etc-systemd" / "sglang.service.d" / "override.conf", OVERRIDE, 0o644)
+    (tmp_path / "run-systemd").symlink_to(tmp_path / "etc-systemd")
+    result, failed = run_module("sglang_host_probe", dict(want(tmp_path), dropin_lines=1))
+    assert not failed, result
+    got = [
+        (Path(d["path"]).relative_to(tmp_path).as_posix(), d["shared"], d["lines"]) for d in result["dropins"]
+    ]
+    assert got == [
+        ("etc-systemd/service.d/10-x.conf", True, ["[Service]", "..."]),
+        ("etc-systemd/sglang.service.d/override.conf", False, ["[Service]", "..."]),
+    ]
+
+
+def test_dropin_directory_names_of_a_dashed_unit():
+    """systemd.unit(5) "drop-in": foo-bar-baz.service reads foo-bar-.service.d, foo-.service.d, service.d."""
+    probe = load_module("sglang_host_probe")
+    assert probe.dropin_dir_names("sglang-k26-ddtree.service") == [
+        ("sglang-k26-ddtree.service.d", False),
+        ("sglang-k26-.service.d", True),
+        ("sglang-.service.d", True),
+        ("service.d", True),
+    ]
+    assert probe.dropin_dir_names("sglang.service") == [("sglang.service.d", False), ("service.d", True)]
