@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # Over 500 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are 173 of them): the
-# code that reads the three sources and compares them is 413 lines.
+# code that reads the three sources and compares them is 382 lines.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -100,6 +100,16 @@ options:
     description: Seconds for each HTTP request.
     type: float
     default: 10
+  expected_argv:
+    description:
+      - The whole command line the unit's C(ExecStart=) gives the process as the role rendered it (launcher
+        included, after systemd's unquoting, i.e. the list the role quoted). C(/proc/<MainPID>/cmdline) must
+        be exactly this list; a flag the role did not render (a drop-in's C(ExecStart=), a hand restart) is a
+        finding that names the flag (RV(argv_diff)). When the launcher is a script with a C(#!) line, the
+        kernel puts the interpreter in front (C(bin/python3 bin/sglang serve ...)), and that form is accepted.
+        An element that is exactly C(${NAME}) (systemd substitutes it) matches any value.
+    type: list
+    elements: str
   full_server_info:
     description:
       - Also return the whole C(/server_info) body the assertion read (RV(server_info), secrets redacted),
@@ -170,6 +180,14 @@ summary:
   type: dict
   sample: {"speculative_ddtree_budget": "8 (from /server_info, journal server_args, /proc/1234/cmdline)",
            "SGLANG_DDTREE_MAX_TOPK": "4 (from /proc/1234/environ)"}
+argv_diff:
+  description:
+    - How C(/proc/<MainPID>/cmdline) differs from O(expected_argv) (secrets redacted) - flags the role did not
+      render, rendered flags that are missing, a value or launcher that differs; also in RV(diff).
+  returned: always
+  type: list
+  elements: str
+  sample: ["--enable-metrics: a flag the role did not render is in /proc/98/cmdline (unmanaged)"]
 server_info:
   description: The whole C(/server_info) body the assertion read, secrets redacted.
   returned: when O(full_server_info) and the server answered
@@ -200,7 +218,7 @@ from ansible.module_utils.sglang_options import (  # noqa: E402
     read_argv,
     window_support,
 )
-from ansible.module_utils.sglang_redact import is_secret_key, redact  # noqa: E402
+from ansible.module_utils.sglang_redact import REDACTED, SECRET_FLAGS, is_secret_key, redact  # noqa: E402
 from ansible.module_utils.sglang_serverargs import (  # noqa: E402
     MARKER,
     ServerArgsParseError,
@@ -224,6 +242,83 @@ def read_cmdline(pid):
 def read_environ(pid):
     """The process's environment as it started (``/proc/<pid>/environ``; root only)."""
     return dict(part.split("=", 1) for part in _proc_parts(pid, "environ") if "=" in part)
+
+
+def shebang_prefix(path):
+    """The interpreter (and its one optional argument) the kernel runs ``path`` with, [] for a binary."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return []
+    if not first.startswith(b"#!"):
+        return []
+    return first[2:].decode("utf-8", errors="replace").strip().split(None, 1)
+
+
+def _flags(argv):
+    """flag -> its value(s) as the argv holds them (``--flag value`` and ``--flag=value``)."""
+    out = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            values = [value] if eq else []
+            while not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                values.append(argv[i])
+            out.setdefault(name, []).append(values)
+        i += 1
+    return out
+
+
+def _same_element(want, got):
+    return want == got or (want.startswith("${") and want.endswith("}"))
+
+
+def compare_argv(expected, running, where):
+    """Lines on how ``running`` (/proc cmdline) differs from the rendered ``expected`` argv; [] = same."""
+    candidates = [expected]
+    prefix = shebang_prefix(expected[0]) if expected else []
+    if prefix:
+        candidates.append(prefix + expected)
+    for want in candidates:
+        if len(want) == len(running) and all(_same_element(w, g) for w, g in zip(want, running)):
+            return []
+    want = candidates[-1] if prefix and running[: len(prefix)] == prefix else expected
+    lines = []
+    first = next((i for i, a in enumerate(want) if a.startswith("--")), len(want))
+    got_first = next((i for i, a in enumerate(running) if a.startswith("--")), len(running))
+    if want[:first] != running[:got_first]:
+        lines.append(
+            f"launcher: expected {' '.join(want[:first])}, running {' '.join(running[:got_first])} ({where})"
+        )
+    want_flags, got_flags = _flags(want[first:]), _flags(running[got_first:])
+    for flag in sorted(set(got_flags) - set(want_flags)):
+        values = REDACTED if flag in SECRET_FLAGS else " ".join(" ".join(v) for v in got_flags[flag]).strip()
+        lines.append(
+            f"{flag}: a flag the role did not render is in {where} (unmanaged"
+            + (f", value {values})" if values else ")")
+        )
+    for flag in sorted(set(want_flags) - set(got_flags)):
+        lines.append(f"{flag}: rendered by the role, missing from {where}")
+    for flag in sorted(set(want_flags) & set(got_flags)):
+        w, g = want_flags[flag], got_flags[flag]
+        same = len(w) == len(g) and all(
+            len(a) == len(b) and all(map(_same_element, a, b)) for a, b in zip(w, g)
+        )
+        if not same:
+            if flag in SECRET_FLAGS:
+                lines.append(f"the value of {flag}, a secret, is not the rendered one ({where})")
+            else:
+                lines.append(
+                    f"{flag}: expected {' '.join(' '.join(v) for v in w)}, running "
+                    f"{' '.join(' '.join(v) for v in g)} ({where})"
+                )
+    if not lines:
+        lines.append(f"the command line differs from the rendered ExecStart in its order ({where})")
+    return lines
 
 
 def secret_values_of(sources):
@@ -339,7 +434,14 @@ def run(module):
     expected = {canonical_key(k): v for k, v in (p["expected"] or {}).items()}
     diff, evidence = [], {"warnings": [], "ignored": [], "notes": []}
     reported, raw_sources = {}, []
-    result = {"changed": False, "reported": reported, "diff": diff, "source": "", "evidence": evidence}
+    result = {
+        "changed": False,
+        "reported": reported,
+        "diff": diff,
+        "source": "",
+        "evidence": evidence,
+        "argv_diff": [],
+    }
     failures = []
 
     try:
@@ -453,6 +555,9 @@ def run(module):
         reported["cmdline"] = managed_view(settings, expected)
         present = {k: v for k, v in expected.items() if lookup(settings, k)[0]}
         diff += compare(present, settings, f"/proc/{main_pid}/cmdline")
+        if p["expected_argv"]:
+            result["argv_diff"] = compare_argv(p["expected_argv"], argv, f"/proc/{main_pid}/cmdline")
+            diff += result["argv_diff"]
     except OSError as exc:
         failures.append(f"cannot read /proc/{main_pid}/cmdline: {exc.strerror}")
 
@@ -558,6 +663,7 @@ def main():
             runner_lines=dict(type="dict", default={}),
             timeout=dict(type="float", default=10),
             full_server_info=dict(type="bool", default=False),
+            expected_argv=dict(type="list", elements="str"),
         ),
         supports_check_mode=True,
     )

@@ -5,8 +5,11 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import subprocess
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
@@ -496,3 +499,89 @@ def test_a_server_that_answers_without_the_key_fails(monkeypatch, run):
         "the intended API key (it was started without --api-key, or its --config file lacks it)"
         in result["failures"]
     )
+
+
+# ---- the whole command line (expected_argv) --------------------------------------------------------
+# cmdline-dflash-2048.bin as a list: the lab launcher and the argv SGLang got (server_info/SOURCE.md).
+RECORDED_ARGV = [a.decode() for a in (S / "cmdline-dflash-2048.bin").read_bytes().split(b"\0")[:-1]]
+
+
+def test_the_whole_command_line_as_rendered_passes(monkeypatch, run):
+    FakeHost(monkeypatch)
+    assert RECORDED_ARGV[:2] == ["/opt/sglang/venv/bin/python", "/opt/sglang-lab/sglang_lab_server.py"]
+    result, failed = run(args(expected_argv=RECORDED_ARGV))
+    assert not failed, result["msg"]
+    assert result["argv_diff"] == [] and result["diff"] == []
+
+
+def test_a_flag_the_role_did_not_render_fails_naming_the_flag(monkeypatch, run):
+    """The process runs --device cuda, which the rendered argv lacks (a drop-in's ExecStart): every managed
+    key still agrees, only the whole-argv comparison sees it."""
+    FakeHost(monkeypatch)
+    rendered = [
+        a
+        for i, a in enumerate(RECORDED_ARGV)
+        if a != "--device" and not (i and RECORDED_ARGV[i - 1] == "--device")
+    ]
+    result, failed = run(args(expected_argv=rendered))
+    assert failed
+    assert result["argv_diff"] == [
+        "--device: a flag the role did not render is in /proc/98/cmdline (unmanaged, value cuda)"
+    ]
+    assert result["argv_diff"][0] in result["msg"]
+
+
+def test_a_missing_flag_another_value_and_another_launcher_are_named_and_the_key_never_shown(
+    monkeypatch, run
+):
+    FakeHost(monkeypatch)
+    rendered = ["/opt/sglang/venv/bin/sglang", "serve"] + RECORDED_ARGV[2:] + ["--enable-metrics"]
+    rendered[rendered.index("--port") + 1] = "30001"
+    rendered[rendered.index("--api-key") + 1] = "another-key-0000"
+    # A caller that renders a key into the argv names it in secret_values (no_log: masked everywhere).
+    result, failed = run(args(expected_argv=rendered, secret_values=[SENTINEL, "another-key-0000"]))
+    assert failed
+    assert result["argv_diff"] == [
+        "launcher: expected /opt/sglang/venv/bin/sglang serve, running /opt/sglang/venv/bin/python "
+        "/opt/sglang-lab/sglang_lab_server.py (/proc/98/cmdline)",
+        "--enable-metrics: rendered by the role, missing from /proc/98/cmdline",
+        "the value of --api-key, a secret, is not the rendered one (/proc/98/cmdline)",
+        "--port: expected 30001, running 30000 (/proc/98/cmdline)",
+    ]
+    assert "another-key-0000" not in json.dumps(result)
+
+
+def test_a_systemd_variable_reference_matches_any_value(monkeypatch, run):
+    FakeHost(monkeypatch)
+    rendered = list(RECORDED_ARGV)
+    rendered[rendered.index("--api-key") + 1] = "${SGLANG_API_KEY}"
+    result, failed = run(args(expected_argv=rendered))
+    assert not failed, result["msg"]
+
+
+def test_a_console_script_launcher_runs_under_its_shebang_interpreter(monkeypatch, run, tmp_path):
+    """ExecStart=<venv>/bin/sglang serve ...: the kernel execs the #! interpreter with the script's path in
+    front of the arguments. A real process is started here and its real /proc/<pid>/cmdline read."""
+    script = tmp_path / "sglang"
+    script.write_text("#!/usr/bin/python3\nimport time\ntime.sleep(30)\n")
+    script.chmod(0o755)
+    rendered = [str(script), "serve"] + RECORDED_ARGV[2:]
+    proc = subprocess.Popen(rendered)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            raw = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            if raw.startswith(b"/usr/bin/python3\0") or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    (tmp_path / "cmdline.bin").write_bytes(raw)
+    assert raw.split(b"\0")[:2] == [b"/usr/bin/python3", str(script).encode()]
+    FakeHost(monkeypatch, cmdline=tmp_path / "cmdline.bin")
+    result, failed = run(args(expected_argv=rendered))
+    assert not failed, result["msg"]
+    result, failed = run(args(expected_argv=rendered + ["--enable-metrics"]))
+    assert failed
+    assert result["argv_diff"] == ["--enable-metrics: rendered by the role, missing from /proc/98/cmdline"]

@@ -268,6 +268,8 @@ def host_changes(report: dict) -> list[str]:
         out.append("--config file (secrets)")
     if report.get("need_daemon_reload"):
         out.append("daemon-reload")
+    if report.get("foreign_dropins"):
+        out.append("foreign drop-ins (a deploy fails, or removes them with sglang_remove_foreign_dropins)")
     if running_rows(report):
         out.append("running arguments")
     if report.get("restart"):
@@ -301,6 +303,12 @@ def drift_findings(report: dict) -> list[str]:
         out.append("systemd holds an older unit definition (NeedDaemonReload=yes)")
     if report.get("active_state") and report["active_state"] != "active":
         out.append(f"the service is {report['active_state']}")
+    for d in report.get("foreign_dropins") or []:
+        state = "loaded" if d.get("loaded") else "on disk, not loaded yet"
+        lines = " | ".join(d["lines"]) if d.get("lines") is not None else "(unreadable)"
+        out.append(f"drop-in {d['path']} ({state}) is not rendered by git: {lines}")
+    for line in report.get("running_argv_diff") or []:
+        out.append(f"running command line: {line}")
     rows = running_rows(report)
     if rows:
         out.append(
