@@ -1,0 +1,130 @@
+"""Drop-ins the sglang role did not render, and flags it did not render, on the shared lab host (lab_host).
+
+1. A drop-in with User=root (loaded: daemon-reload): the deploy fails naming it and its lines before it
+   changes anything (unit hash, InvocationID, history unchanged); the drift inspection
+   (playbooks/drift.yml, tools/gitops/gitops.py drift_findings) reports it as drift.
+2. The same with sglang_remove_foreign_dropins=true: moved to /var/lib/sglang-deploy/removed-dropins/<ts>/,
+   restarted (new InvocationID) and verified; the process does not run as root; the history says why.
+3. A flag the role did not render in the RUNNING process (a drop-in's ExecStart, restarted by hand, the
+   drop-in then removed: the unit is clean, only the process differs): the deploy fails naming the flag.
+Each test leaves the host as it found it (finally: drop-ins removed, baseline restored).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+# As tests/integration/conftest.py: short stability window; only the play that deploys SGLang.
+FAST_VERIFY = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
+SGLANG_PLAYBOOK = "playbooks/sglang.yml"
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+
+DROPIN_DIR = "/etc/systemd/system/sglang.service.d"
+DROPIN = f"{DROPIN_DIR}/override.conf"
+REMOVED = "/var/lib/sglang-deploy/removed-dropins"
+USER_ROOT = "[Service]\n# left by a manual test\nUser=root\n"
+
+
+def write_dropin(lab_host, text, path=DROPIN):
+    lab_host.ssh(f"mkdir -p {DROPIN_DIR} && printf %s {shlex.quote(text)} > {path}"
+                 " && systemctl daemon-reload")
+
+
+def cleanup(lab_host):
+    lab_host.ssh(f"rm -rf {DROPIN_DIR} {REMOVED} && systemctl daemon-reload")
+
+
+def deploy(lab_host, **extra):
+    return lab_host.playbook("-e", "window=2048", extra=dict(FAST_VERIFY, **extra), playbook=SGLANG_PLAYBOOK)
+
+
+def flat(r) -> str:
+    """Output with whitespace normalised (the yaml result format folds long lines)."""
+    return " ".join((r.stdout + r.stderr).split())
+
+
+def drift_findings(lab_host, tmp_path):
+    r = lab_host.playbook("--check", "-e", f"gitops_report_dir={tmp_path}", playbook="playbooks/drift.yml")
+    assert r.returncode == 0, r.stdout[-4000:]
+    spec = importlib.util.spec_from_file_location("gitops", REPO / "tools" / "gitops" / "gitops.py")
+    gitops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gitops)
+    report = json.loads((tmp_path / f"{lab_host.name}.json").read_text())
+    return report, gitops.drift_findings(report)
+
+
+def test_a_foreign_dropin_fails_the_deploy_untouched_and_is_drift(lab_host, tmp_path):
+    before = lab_host.state()
+    try:
+        write_dropin(lab_host, USER_ROOT)
+        r = deploy(lab_host)
+        after = lab_host.state()
+        assert r.returncode != 0, r.stdout[-4000:]
+        text = flat(r)
+        assert "Fail on drop-ins of the unit that the role did not render" in text
+        assert f"{DROPIN}: [Service] | User=root" in text and "(nothing was changed)" in text
+        assert after == before, (before, after)
+        assert lab_host.ssh(f"test -e {DROPIN}").returncode == 0
+        report, findings = drift_findings(lab_host, tmp_path)
+        assert [d["path"] for d in report["foreign_dropins"]] == [DROPIN]
+        assert f"drop-in {DROPIN} (loaded) is not rendered by git: [Service] | User=root" in findings
+        assert lab_host.state() == before
+    finally:
+        cleanup(lab_host)
+        lab_host.restore_baseline()
+
+
+def test_remove_foreign_dropins_moves_them_away_and_restarts_verified(lab_host):
+    before = lab_host.state()
+    try:
+        write_dropin(lab_host, USER_ROOT)
+        r = deploy(lab_host, sglang_remove_foreign_dropins=True)
+        assert r.returncode == 0, r.stdout[-6000:]
+        after = lab_host.state()
+        assert after.invocation_id != before.invocation_id and after.active_state == "active"
+        assert after.unit_sha256 == before.unit_sha256
+        assert lab_host.ssh(f"test -e {DROPIN_DIR}", check=False).returncode != 0
+        assert lab_host.ssh("systemctl show -P DropInPaths sglang.service").stdout.strip() == ""
+        kept = lab_host.ssh(f"ls {REMOVED}").stdout.split()
+        assert len(kept) == 1
+        assert lab_host.read_bytes(f"{REMOVED}/{kept[0]}{DROPIN}").decode() == USER_ROOT
+        manifest = json.loads(lab_host.read_bytes(f"{REMOVED}/{kept[0]}/MANIFEST.json"))
+        assert [m["from"] for m in manifest["removed"]] == [DROPIN]
+        user = lab_host.ssh(f"ps -o user= -p {after.main_pid}").stdout.strip()
+        assert user == "sglang"
+        record = lab_host.history()[-1]
+        assert record["result"] == "verified" and record["invocation_id"] == after.invocation_id
+        assert f"foreign drop-in removed ({DROPIN})" in record["reasons"]
+    finally:
+        cleanup(lab_host)
+        lab_host.restore_baseline()
+
+
+def test_a_flag_the_role_did_not_render_in_the_running_process_fails_naming_it(lab_host):
+    """The unit is clean and verified, but the process was started from a drop-in's ExecStart with an extra
+    flag (the drop-in removed afterwards): only the whole-argv comparison of the assertion sees it."""
+    unit = lab_host.read_bytes(UNIT_PATH).decode()
+    execstart = re.search(r"^ExecStart=(?:.*\\\n)*.*$", unit, re.MULTILINE).group(0)
+    try:
+        write_dropin(lab_host, f'[Service]\nExecStart=\n{execstart} "--enable-metrics"\n')
+        lab_host.ssh("systemctl restart sglang.service")
+        lab_host.ssh(f"rm -rf {DROPIN_DIR} && systemctl daemon-reload")
+        running = lab_host.state()
+        assert "--enable-metrics" in lab_host.cmdline(running.main_pid)
+        r = deploy(lab_host)
+        assert r.returncode != 0, r.stdout[-4000:]
+        assert "--enable-metrics: a flag the role did not render is in /proc/" in flat(r)
+        assert lab_host.state().invocation_id == running.invocation_id
+    finally:
+        cleanup(lab_host)
+        lab_host.ssh("systemctl restart sglang.service")
+        lab_host.restore_baseline()
