@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: sglang_dropins
 short_description: Move drop-ins the sglang role did not render out of the unit's drop-in directories
@@ -38,17 +38,17 @@ attributes:
     support: full
   diff_mode:
     support: none
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Move the foreign drop-ins away and reload systemd
   sglang_dropins:
     unit: sglang.service
     paths: [/etc/systemd/system/sglang.service.d/override.conf]
     removed_dir: /var/lib/sglang-deploy/removed-dropins
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 removed:
   description: Each drop-in moved (or, in check mode, that would be moved) - C(from), C(to), C(sha256).
   returned: always
@@ -65,7 +65,7 @@ daemon_reloaded:
   description: C(systemctl daemon-reload) ran (or would run).
   returned: always
   type: bool
-'''
+"""
 
 import contextlib
 import datetime
@@ -77,32 +77,35 @@ import stat
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
 
-C_ENV = {'LANG': 'C', 'LC_ALL': 'C'}
+C_ENV = {"LANG": "C", "LC_ALL": "C"}
 
 
 def own_dropin(unit, path):
     """``path`` is a *.conf directly in a ``<unit>.d`` directory (not a shared type or prefix drop-in)."""
-    return (os.path.isabs(path) and path.endswith('.conf')
-            and os.path.basename(os.path.dirname(path)) == unit + '.d')
+    return (
+        os.path.isabs(path)
+        and path.endswith(".conf")
+        and os.path.basename(os.path.dirname(path)) == unit + ".d"
+    )
 
 
 def new_dir(base):
     os.makedirs(base, mode=0o700, exist_ok=True)
     os.chmod(base, 0o700)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%SZ')
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     for n in range(100):
-        path = os.path.join(base, stamp if n == 0 else f'{stamp}.{n}')
+        path = os.path.join(base, stamp if n == 0 else f"{stamp}.{n}")
         try:
             os.mkdir(path, 0o700)
             return path
         except FileExistsError:
             continue
-    raise OSError(f'cannot make a new directory under {base}')
+    raise OSError(f"cannot make a new directory under {base}")
 
 
 def move(src, dest_root):
     """Copy ``src`` (a symlink as a symlink) under ``dest_root`` + its full path, fsync, then unlink it."""
-    dest = os.path.join(dest_root, src.lstrip('/'))
+    dest = os.path.join(dest_root, src.lstrip("/"))
     os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
     st = os.lstat(src)
     if stat.S_ISLNK(st.st_mode):
@@ -110,57 +113,65 @@ def move(src, dest_root):
         os.symlink(target, dest)
         digest = hashlib.sha256(target.encode()).hexdigest()
     else:
-        with open(src, 'rb') as handle:
+        with open(src, "rb") as handle:
             data = handle.read()
         replace_file(dest, data, 0o600)
         digest = hashlib.sha256(data).hexdigest()
     os.unlink(src)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(src))
-    return {'from': src, 'to': dest, 'sha256': digest, 'mode': f'{stat.S_IMODE(st.st_mode):04o}'}
+    return {"from": src, "to": dest, "sha256": digest, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            unit=dict(type='str', required=True),
-            paths=dict(type='list', elements='path', required=True),
-            removed_dir=dict(type='path', required=True),
+            unit=dict(type="str", required=True),
+            paths=dict(type="list", elements="path", required=True),
+            removed_dir=dict(type="path", required=True),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    refused = [path for path in p['paths'] if not own_dropin(p['unit'], path)]
+    refused = [path for path in p["paths"] if not own_dropin(p["unit"], path)]
     if refused:
         module.fail_json(
             msg=f"not a drop-in of {p['unit']} alone (a *.conf in a {p['unit']}.d directory): "
-                f"{', '.join(refused)}; type-wide and prefix drop-ins apply to other units too and are never "
-                'removed by the role (nothing was changed)',
-            removed=[], dir=None, daemon_reloaded=False,
+            f"{', '.join(refused)}; type-wide and prefix drop-ins apply to other units too and are never "
+            "removed by the role (nothing was changed)",
+            removed=[],
+            dir=None,
+            daemon_reloaded=False,
         )
-    present = sorted({path for path in p['paths'] if os.path.lexists(path)})
+    present = sorted({path for path in p["paths"] if os.path.lexists(path)})
     result = dict(changed=bool(present), removed=[], dir=None, daemon_reloaded=bool(present))
     if not present:
         module.exit_json(**result)
     if module.check_mode:
-        result['removed'] = [{'from': path, 'to': None, 'sha256': None} for path in present]
+        result["removed"] = [{"from": path, "to": None, "sha256": None} for path in present]
         module.exit_json(**result)
-    target = new_dir(p['removed_dir'])
-    result['dir'] = target
+    target = new_dir(p["removed_dir"])
+    result["dir"] = target
     for path in present:
-        result['removed'].append(move(path, target))
+        result["removed"].append(move(path, target))
         # After each move: an interruption leaves a manifest of what is already away.
-        manifest = {'unit': p['unit'], 'removed': result['removed']}
-        replace_file(os.path.join(target, 'MANIFEST.json'),
-                     (json.dumps(manifest, indent=2, sort_keys=True) + '\n').encode(), 0o600)
+        manifest = {"unit": p["unit"], "removed": result["removed"]}
+        replace_file(
+            os.path.join(target, "MANIFEST.json"),
+            (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(),
+            0o600,
+        )
     rc, out, err = module.run_command(
-        [module.get_bin_path('systemctl', required=True), 'daemon-reload'], environ_update=C_ENV
+        [module.get_bin_path("systemctl", required=True), "daemon-reload"], environ_update=C_ENV
     )
     if rc != 0:
-        module.fail_json(msg=f'systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}; '
-                             f'the drop-ins are already in {target}', **result)
+        module.fail_json(
+            msg=f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}; "
+            f"the drop-ins are already in {target}",
+            **result,
+        )
     module.exit_json(**result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

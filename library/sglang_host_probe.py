@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Over 500 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are 254 of them): the
+# code is 354 lines.
 from __future__ import annotations
 
 DOCUMENTATION = r"""

@@ -1,8 +1,9 @@
 #!/usr/bin/python
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-# Over 500 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are 173 of them): the
-# code that reads the three sources and compares them is 382 lines.
+# Over 500 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are 191 of them): the
+# code that reads the three sources, compares them and the whole command line is 501 lines (one
+# assertion of one invocation; its process and journal reading live in module_utils).
 from __future__ import annotations
 
 DOCUMENTATION = r"""

@@ -35,8 +35,9 @@ USER_ROOT = "[Service]\n# left by a manual test\nUser=root\n"
 
 
 def write_dropin(lab_host, text, path=DROPIN):
-    lab_host.ssh(f"mkdir -p {DROPIN_DIR} && printf %s {shlex.quote(text)} > {path}"
-                 " && systemctl daemon-reload")
+    lab_host.ssh(
+        f"mkdir -p {DROPIN_DIR} && printf %s {shlex.quote(text)} > {path} && systemctl daemon-reload"
+    )
 
 
 def cleanup(lab_host):
