@@ -40,6 +40,9 @@ options:
         O(known_good.meta) (plus O(known_good.api_key)) is written to
         O(known_good.dir)/O(known_good.meta_name).
       - All of it in the same call as the record, so a verified deploy costs one round trip.
+      - With O(known_good.sha256), the files on disk must be exactly the ones the verified restart started;
+        any file whose sha256 differs (written by hand or by another run during the readiness and stability
+        window) fails the module naming it, and NOTHING is kept or recorded.
     type: dict
     suboptions:
       dir:
@@ -62,6 +65,13 @@ options:
         description: API key the known-good server answers to, kept in the metadata (never returned).
         type: str
         default: ''
+      sha256:
+        description:
+          - "Name -> sha256 (hex) of each file as the verified restart started it, taken before the
+            restart (e.g. C({unit: ..., env: ...}); the names of O(known_good.files)). A name missing here
+            is not checked."
+        type: dict
+        default: {}
 attributes:
   check_mode:
     support: full
@@ -148,19 +158,39 @@ def append_line(path, line):
             os.close(dfd)
 
 
+class NotVerified(Exception):
+    """A file on disk is not the one the verified restart started."""
+
+
 def keep_known_good(spec, write):
-    """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}."""
-    contents, hashes = {}, {}
+    """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}.
+    Raises NotVerified (nothing written) when a file differs from its O(known_good.sha256)."""
+    contents, hashes, differ = {}, {}, []
+    expected = spec.get("sha256") or {}
+    unknown = sorted(set(expected) - set(spec["files"]))
+    if unknown:
+        raise NotVerified(f"known_good.sha256 names no file of known_good.files: {', '.join(unknown)}")
     for name, path in sorted(spec["files"].items()):
         with open(path, "rb") as handle:
             contents[path] = handle.read()
-        hashes[f"{name}_sha256"] = hashlib.sha256(contents[path]).hexdigest()
+        got = hashes[f"{name}_sha256"] = hashlib.sha256(contents[path]).hexdigest()
+        want = expected.get(name)
+        if want is not None and str(want).lower() != got:
+            differ.append(f"{path} (sha256 {got[:12]}, the restart ran {str(want)[:12]})")
+    if differ:
+        raise NotVerified(
+            "changed since the verified restart started it: "
+            + "; ".join(differ)
+            + ". Written by hand or by another run during the readiness/stability window? It was not "
+            "verified: NOTHING was recorded as known-good"
+        )
     if write:
         directory = spec["dir"]
         os.makedirs(directory, mode=0o700, exist_ok=True)
         for path, data in contents.items():
             replace_file(os.path.join(directory, os.path.basename(path)), data, 0o600)
-        meta = dict(spec["meta"], api_key=spec["api_key"], **hashes)
+        # sha256_checked: the files whose hash was the one the verified restart ran (all, in the role).
+        meta = dict(spec["meta"], api_key=spec["api_key"], sha256_checked=sorted(expected), **hashes)
         text = json.dumps(meta, indent=4, sort_keys=True) + "\n"
         replace_file(os.path.join(directory, spec["meta_name"]), text.encode(), 0o600)
     return hashes
@@ -192,6 +222,7 @@ def main():
                     meta_name=dict(type="str", required=True),
                     meta=dict(type="dict", default={}),
                     api_key=dict(type="str", default="", no_log=True),
+                    sha256=dict(type="dict", default={}),
                 ),
             ),
         ),
@@ -214,6 +245,8 @@ def main():
     if known_good is not None:
         try:
             entry.update(keep_known_good(known_good, write=not module.check_mode))
+        except NotVerified as exc:
+            module.fail_json(msg=f"not kept as known-good, not recorded: {exc}", recorded=False)
         except OSError as exc:
             module.fail_json(
                 msg=f"cannot keep the known-good files in {known_good['dir']}: "

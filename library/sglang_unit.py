@@ -111,13 +111,11 @@ status:
 
 import grp
 import os
-import re
 import stat
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
-from ansible.module_utils.sglang_systemd import SystemctlError
+from ansible.module_utils.sglang_systemd import SystemctlError, analyze_verify
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 STATUS_PROPERTIES = (
@@ -166,23 +164,8 @@ def show(module, name):
 
 def validate_unit(module, name, unit_path, content):
     """Fail (host untouched) when systemd-analyze refuses the new unit (checked in a private tmp dir)."""
-    tmpdir = tempfile.mkdtemp(prefix="sglang-unit.")
-    tmp = os.path.join(tmpdir, name)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(content)
-        analyze = module.get_bin_path("systemd-analyze", required=True)
-        rc, out, err = module.run_command(
-            [analyze, "verify", "--recursive-errors=no", f"{tmp}:{name}"], environ_update=C_ENV
-        )
-    finally:
-        os.unlink(tmp)
-        os.rmdir(tmpdir)
+    rc, text = analyze_verify(module, name, unit_path, content)
     if rc != 0:
-        # systemd-analyze names the unit by the copy it makes in its own temporary directory.
-        text = (err + out).replace(tmp, unit_path)
-        text = re.sub(r"\S*/systemd-analyze-[^/\s]+/" + re.escape(name), unit_path, text)
-        text = "\n".join(line for line in text.splitlines() if line.strip())
         module.fail_json(
             msg=f"systemd-analyze verify refused the new {name} (nothing was changed on the host): {text}",
             unit_changed=False,

@@ -1,7 +1,7 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Atomic, durable file replacement for the files a deploy writes (unit, environment file, the kept
-previous and known-good copies): shared by sglang_unit and sglang_history."""
+previous and known-good copies): shared by sglang_unit, sglang_history and sglang_known_good."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ def fsync_dir(directory):
         os.close(fd)
 
 
-def replace_file(path, data, mode, gid=0):
-    """Replace ``path`` with ``data`` (bytes): a fsynced temporary file beside it with ``mode`` and owner
-    root, group ``gid`` (when running as root) is renamed over it, then the directory is fsynced. Either
-    the old or the new content is there at any moment, never a partial file; the content is never
-    readable beyond ``mode`` (the temporary file is created 0600 and chowned before it is written)."""
+def stage_file(path, data, mode, gid=0):
+    """Write ``data`` (bytes) to a fsynced temporary file beside ``path`` (same directory, so the rename is
+    atomic) with ``mode``, owner root and group ``gid`` (when running as root); return its path. The content
+    is never readable beyond ``mode`` (the file is created 0600 and chowned before it is written)."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
     try:
@@ -32,9 +31,27 @@ def replace_file(path, data, mode, gid=0):
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    return tmp
+
+
+def discard_staged(tmps):
+    for tmp in tmps:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def replace_file(path, data, mode, gid=0):
+    """Replace ``path`` with ``data`` (bytes): a staged file (:func:`stage_file`) is renamed over it, then
+    the directory is fsynced. Either the old or the new content is there at any moment, never a partial
+    file."""
+    tmp = stage_file(path, data, mode, gid)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        discard_staged([tmp])
+        raise
+    fsync_dir(os.path.dirname(path) or ".")

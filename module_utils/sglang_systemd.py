@@ -10,7 +10,9 @@ systemd gives them: ``...Monotonic`` properties are microseconds of CLOCK_MONOTO
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 
 # The properties the verified restart reads in every poll.
@@ -214,3 +216,26 @@ def death_of(props, invocation_id, main_pid):
     if main_pid and pid != main_pid:
         return f"the main PID changed from {main_pid} to {pid}"
     return None
+
+
+def analyze_verify(module, name, unit_path, content):
+    """``systemd-analyze verify`` of ``content`` (bytes) under the unit's own ``name``, in a private
+    temporary directory (the host is not touched): (rc, what it said with the temporary path replaced by
+    ``unit_path``, blank lines dropped)."""
+    tmpdir = tempfile.mkdtemp(prefix="sglang-unit.")
+    tmp = os.path.join(tmpdir, name)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(content)
+        analyze = module.get_bin_path("systemd-analyze", required=True)
+        rc, out, err = module.run_command(
+            [analyze, "verify", "--recursive-errors=no", f"{tmp}:{name}"],
+            environ_update={"LANG": "C", "LC_ALL": "C"},
+        )
+    finally:
+        os.unlink(tmp)
+        os.rmdir(tmpdir)
+    # systemd-analyze names the unit by the copy it makes in its own temporary directory.
+    text = (err + out).replace(tmp, unit_path)
+    text = re.sub(r"\S*/systemd-analyze-[^/\s]+/" + re.escape(name), unit_path, text)
+    return rc, "\n".join(line for line in text.splitlines() if line.strip())

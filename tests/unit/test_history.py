@@ -164,3 +164,83 @@ def test_known_good_in_check_mode_and_with_a_missing_file(run_module, tmp_path):
     )
     assert failed and "missing.env" in result["msg"] and "known-good" in result["msg"]
     assert not good.exists() and not (tmp_path / "h.jsonl").exists()
+
+
+def _verified_files(tmp_path):
+    unit = tmp_path / "sglang.service"
+    env = tmp_path / "sglang.env"
+    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    env.write_text(f"SGLANG_API_KEY={SENTINEL}\nHF_HOME=/var/lib/sglang/hf\n")
+    return unit, env
+
+
+def _sha(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_known_good_with_the_restarts_hashes_records_them(run_module, tmp_path):
+    unit, env = _verified_files(tmp_path)
+    good, history = tmp_path / "known-good", tmp_path / "history.jsonl"
+    sha = {"unit": _sha(unit), "env": _sha(env)}
+    spec = {
+        "dir": str(good),
+        "files": {"unit": str(unit), "env": str(env)},
+        "meta_name": "m.json",
+        "sha256": sha,
+    }
+    result, failed = run_module(
+        "sglang_history", {"path": str(history), "record": {"result": "verified"}, "known_good": spec}
+    )
+    assert not failed, result
+    meta = json.loads((good / "m.json").read_text())
+    assert (meta["unit_sha256"], meta["env_sha256"]) == (sha["unit"], sha["env"])
+    assert meta["sha256_checked"] == ["env", "unit"]
+    line = json.loads(history.read_text())
+    assert (line["unit_sha256"], line["env_sha256"]) == (sha["unit"], sha["env"])
+
+
+def test_a_file_changed_after_the_restart_fails_and_records_nothing(run_module, tmp_path):
+    """The env file the restart ran was hashed before it; changed by hand during the stability window."""
+    unit, env = _verified_files(tmp_path)
+    good, history = tmp_path / "known-good", tmp_path / "history.jsonl"
+    sha = {"unit": _sha(unit), "env": _sha(env)}
+    env.write_text(env.read_text() + "EXTRA=by-hand\n")
+    spec = {
+        "dir": str(good),
+        "files": {"unit": str(unit), "env": str(env)},
+        "meta_name": "m.json",
+        "sha256": sha,
+    }
+    result, failed = run_module(
+        "sglang_history", {"path": str(history), "record": {"result": "verified"}, "known_good": spec}
+    )
+    assert failed, result
+    assert str(env) in result["msg"] and str(unit) not in result["msg"]
+    assert "NOTHING was recorded as known-good" in result["msg"]
+    assert sha["env"][:12] in result["msg"] and result["recorded"] is False
+    assert not good.exists() and not history.exists()
+    assert SENTINEL not in run_module.last_output
+    # An earlier known-good set is left exactly as it was.
+    good.mkdir()
+    (good / "m.json").write_text("{}\n")
+    result, failed = run_module(
+        "sglang_history", {"path": str(history), "record": {"result": "verified"}, "known_good": spec}
+    )
+    assert failed and sorted(p.name for p in good.iterdir()) == ["m.json"]
+    assert (good / "m.json").read_text() == "{}\n" and not history.exists()
+
+
+def test_a_hash_for_a_file_not_kept_is_refused(run_module, tmp_path):
+    unit, _ = _verified_files(tmp_path)
+    spec = {
+        "dir": str(tmp_path / "kg"),
+        "files": {"unit": str(unit)},
+        "meta_name": "m.json",
+        "sha256": {"unit": _sha(unit), "config": "0" * 64},
+    }
+    result, failed = run_module(
+        "sglang_history", {"path": str(tmp_path / "h.jsonl"), "record": {"result": "x"}, "known_good": spec}
+    )
+    assert failed and "config" in result["msg"] and not (tmp_path / "h.jsonl").exists()
