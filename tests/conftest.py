@@ -30,6 +30,7 @@ LAB_FILE_SECONDS = {
     "tests/integration/test_nccl_environment.py": 45,
     # 3 tests, 81 s measured on a reused host (baseline deploy of the fixture included).
     "tests/integration/test_foreign_dropins.py": 85,
+    "tests/integration/test_known_good_integrity.py": 90,
     # make lab-tests: the lab server's processes on the controller, and labctl's own two hosts.
     "tests/lab_server/test_lab_server.py": 120,
     "tests/lab_server/test_parse_cache.py": 35,
