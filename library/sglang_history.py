@@ -72,6 +72,13 @@ options:
             is not checked."
         type: dict
         default: {}
+  clear_pending:
+    description:
+      - With O(record), the pending marker C(sglang_unit) wrote before it replaced the files. Once the
+        record is on disk the marker is removed (the run is finished: verified, or rolled back, verified
+        or not; the record says which) and its content is added to the record as C(pending).
+      - A marker that is not there changes nothing.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -111,6 +118,10 @@ skipped_lines:
   description: Lines of the file that were not valid JSON objects (reported, not fatal).
   returned: when record is not given
   type: int
+pending_cleared:
+  description: O(clear_pending) was there and is removed now (in check mode, would be).
+  returned: when record is given
+  type: bool
 """
 
 import datetime  # noqa: E402
@@ -119,7 +130,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_files import replace_file
+from ansible.module_utils.sglang_files import fsync_dir, replace_file
 from ansible.module_utils.sglang_journal import parse_json_lines  # JSON lines, one object a line
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
 
@@ -196,6 +207,30 @@ def keep_known_good(spec, write):
     return hashes
 
 
+def read_pending(path):
+    """The pending marker's content (``{"unreadable": reason}`` when it is not JSON), None when absent."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        marker = json.loads(text)
+    except ValueError as exc:
+        return {"unreadable": f"not JSON: {exc}"}
+    return (
+        marker if isinstance(marker, dict) else {"unreadable": f"not a JSON object: {type(marker).__name__}"}
+    )
+
+
+def remove_pending(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(os.path.dirname(path) or ".")
+
+
 def read_records(path, limit):
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -225,6 +260,7 @@ def main():
                     sha256=dict(type="dict", default={}),
                 ),
             ),
+            clear_pending=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -252,6 +288,10 @@ def main():
                 msg=f"cannot keep the known-good files in {known_good['dir']}: "
                 f"{exc.strerror or exc} ({exc.filename})"
             )
+    pending_path = module.params["clear_pending"]
+    pending = read_pending(pending_path) if pending_path else None
+    if pending is not None:
+        entry["pending"] = pending
     entry = redact(entry, secrets)
     line = json.dumps(entry, sort_keys=True, default=str, separators=(",", ":")) + "\n"
     if "\n" in line[:-1]:
@@ -261,7 +301,15 @@ def main():
             append_line(path, line)
         except OSError as exc:
             module.fail_json(msg=f"cannot append to history file {path}: {exc.strerror or exc}")
-    module.exit_json(changed=True, record=entry, path=path)
+        if pending is not None:
+            try:
+                remove_pending(pending_path)
+            except OSError as exc:
+                module.fail_json(
+                    msg=f"recorded, but cannot remove the pending marker {pending_path}: "
+                    f"{exc.strerror or exc}"
+                )
+    module.exit_json(changed=True, record=entry, path=path, pending_cleared=pending is not None)
 
 
 if __name__ == "__main__":

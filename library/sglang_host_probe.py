@@ -155,6 +155,11 @@ options:
     description: How many lines of each drop-in RV(dropins) shows (comments and blank lines skipped).
     type: int
     default: 6
+  pending:
+    description:
+      - The pending marker C(sglang_unit) writes before it replaces the unit files and C(sglang_history)
+        removes once the deploy is verified or rolled back; RV(pending) reports it.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -249,6 +254,13 @@ systemd:
   returned: always
   type: dict
   sample: {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled", "MainPID": "1234"}
+pending:
+  description:
+    - The content of O(pending) when a run stopped between writing the files and verifying them (which
+      files, their sha256 before and after, when, by whom); C({unreadable: reason}) when it is not a JSON
+      object; null when there is none (or without O(pending)).
+  returned: always
+  type: dict
 dropins:
   description:
     - Every drop-in of O(unit), sorted by path - C(path); C(loaded) (in systemd's C(DropInPaths)) and
@@ -342,6 +354,23 @@ def read_marker(path):
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+def read_pending(path):
+    """The pending marker a deploy left (sglang_unit writes it, sglang_history removes it): its content,
+    ``{"unreadable": reason}`` when it is not a JSON object, None when there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"unreadable": exc.strerror or str(exc)}
+    try:
+        marker = json.loads(text)
+    except ValueError as exc:
+        return {"unreadable": f"not JSON: {exc}"}
+    return marker if isinstance(marker, dict) else {"unreadable": "not a JSON object"}
 
 
 def parse_dpkg_status(text):
@@ -562,6 +591,7 @@ def main():
             modes=dict(type="dict", default={}),
             dropin_dirs=dict(type="list", elements="path", default=list(DROPIN_DIRS)),
             dropin_lines=dict(type="int", default=6),
+            pending=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -603,6 +633,7 @@ def main():
         modes_ok={name: mode_ok(item) for name, item in modes.items()},
         systemd=systemd,
         dropins=dropins(p["unit"], p["dropin_dirs"], systemd.get("DropInPaths"), p["dropin_lines"]),
+        pending=read_pending(p["pending"]) if p["pending"] else None,
     )
 
 

@@ -62,6 +62,19 @@ options:
     description: Directory (created 0700 root) that keeps the version of each file this call replaced.
     type: path
     required: true
+  pending_path:
+    description:
+      - The pending marker (JSON, C(0600) root), written with the one atomic writer BEFORE the first file
+        is replaced, only when a file changes: which files this call writes (path, sha256 before and
+        after), when, by whom (O(pending_by)) and the module's PID. C(sglang_history) removes it once the
+        verified restart was recorded (or a rollback finished); a run that stops in between leaves it, and
+        the next run (C(sglang_host_probe) O(sglang_host_probe#module:pending)) and the boot-time
+        C(sglang-deploy-heal) unit find it.
+    type: path
+  pending_by:
+    description: Who is deploying (controller, user, run), copied into the marker as C(by).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -107,9 +120,16 @@ status:
   description: C(systemctl show) properties of the unit after the call (before it, in check mode).
   type: dict
   returned: always
+pending_marker:
+  description: What was written to O(pending_path) (null when no file changed, in check mode or without it).
+  type: dict
+  returned: always
 """
 
+import datetime
 import grp
+import hashlib
+import json
 import os
 import stat
 
@@ -151,6 +171,31 @@ def keep_previous(previous_dir, path, content):
     replace_file(os.path.join(previous_dir, os.path.basename(path) + ".previous"), content, 0o600)
 
 
+def pending_marker(name, files, current, changed_files, by):
+    """The marker of an unverified write: what is replaced by what (sha256 before and after)."""
+    return {
+        "unit": name,
+        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "pid": os.getpid(),
+        "by": by,
+        "files": {
+            key: {
+                "path": files[key][0],
+                "sha256": hashlib.sha256(files[key][1]).hexdigest(),
+                "sha256_before": None
+                if current[key][0] is None
+                else hashlib.sha256(current[key][0]).hexdigest(),
+            }
+            for key in changed_files
+        },
+    }
+
+
+def write_pending(path, marker):
+    os.makedirs(os.path.dirname(path) or ".", mode=0o750, exist_ok=True)
+    replace_file(path, (json.dumps(marker, indent=2, sort_keys=True) + "\n").encode("utf-8"), 0o600)
+
+
 def systemctl(module, *args):
     return module.run_command([module.get_bin_path("systemctl", required=True), *args], environ_update=C_ENV)
 
@@ -187,6 +232,8 @@ def main():
             config_content=dict(type="str", no_log=True),
             config_group=dict(type="str"),
             previous_dir=dict(type="path", required=True),
+            pending_path=dict(type="path"),
+            pending_by=dict(type="dict", default={}),
         ),
         required_by={"config_path": ("config_content", "config_group")},
         supports_check_mode=True,
@@ -237,8 +284,22 @@ def main():
     unit_path, unit_content, _, _ = files["unit"]
     if "unit" in changed_files:
         validate_unit(module, name, unit_path, unit_content)
+    result["pending_marker"] = None
     if module.check_mode:
         module.exit_json(status=before, **result)
+
+    # Before the first byte changes: a run that stops between here and the verified restart leaves it.
+    if changed_files and p["pending_path"]:
+        marker = pending_marker(name, files, current, changed_files, p["pending_by"])
+        try:
+            write_pending(p["pending_path"], marker)
+        except OSError as exc:
+            module.fail_json(
+                msg=f"cannot write the pending marker {p['pending_path']} (nothing was changed): "
+                f"{exc.strerror or exc}",
+                **result,
+            )
+        result["pending_marker"] = marker
 
     # The environment and the config file first: a unit that names a new variable or the config
     # file never starts without it.
