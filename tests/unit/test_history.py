@@ -244,3 +244,24 @@ def test_a_hash_for_a_file_not_kept_is_refused(run_module, tmp_path):
         "sglang_history", {"path": str(tmp_path / "h.jsonl"), "record": {"result": "x"}, "known_good": spec}
     )
     assert failed and "config" in result["msg"] and not (tmp_path / "h.jsonl").exists()
+
+
+def test_clear_pending_removes_the_marker_after_the_record_and_keeps_it_in_the_record(run_module, tmp_path):
+    path, marker = tmp_path / "history.jsonl", tmp_path / "sglang.pending.json"
+    pending = {"unit": "sglang.service", "pid": 4242, "files": {"unit": {"path": "/etc/x", "sha256": "ab"}}}
+    marker.write_text(json.dumps(pending))
+    args = {"path": str(path), "record": {"result": "verified"}, "clear_pending": str(marker)}
+    result, failed = run_module("sglang_history", dict(args, _ansible_check_mode=True))
+    assert not failed and result["pending_cleared"] and marker.exists() and not path.exists()
+    result, failed = run_module("sglang_history", args)
+    assert not failed and result["pending_cleared"] is True
+    assert not marker.exists()
+    assert json.loads(path.read_text())["pending"] == pending
+    # No marker (the normal case): the record has none and nothing fails.
+    result, failed = run_module("sglang_history", args)
+    assert not failed and result["pending_cleared"] is False and "pending" not in result["record"]
+    # A marker a crash truncated is still cleared, and says it was unreadable.
+    marker.write_text('{"unit": "sglang.serv')
+    result, failed = run_module("sglang_history", dict(args, record={"result": "rolled_back"}))
+    assert not failed and result["record"]["pending"]["unreadable"].startswith("not JSON")
+    assert not marker.exists()

@@ -161,6 +161,7 @@ def test_nothing_installed_yet(run_module, host, tmp_path):
         "modes_ok": {"unit": False, "env": False},
         "systemd": parse_show(recorded("show-lab-not-found.json")["stdout"]),
         "dropins": [],
+        "pending": None,
     }
     assert probe["systemd"]["LoadState"] == "not-found"
 
@@ -432,3 +433,20 @@ def test_dropin_directory_names_of_a_dashed_unit():
         ("service.d", True),
     ]
     assert probe.dropin_dir_names("sglang.service") == [("sglang.service.d", False), ("service.d", True)]
+
+
+def test_a_pending_marker_left_by_an_interrupted_run_is_reported(run_module, host, tmp_path):
+    """What sglang_unit wrote before the files (P19); none, or none asked for: null; not JSON: unreadable."""
+    build_good_host(tmp_path)
+    marker = tmp_path / "state" / "sglang.pending.json"
+    args = {**want(tmp_path), "pending": str(marker)}
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed and result["pending"] is None
+    pending = {"unit": "sglang.service", "pid": 77, "files": {"unit": {"path": "/etc/x", "sha256": "ab"}}}
+    marker.write_text(json.dumps(pending))
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed and result["pending"] == pending
+    assert run_module("sglang_host_probe", want(tmp_path))[0]["pending"] is None
+    marker.write_text('{"unit": ')
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed and result["pending"]["unreadable"].startswith("not JSON")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import stat
@@ -189,3 +191,43 @@ def test_wrong_mode_is_corrected(run_module, host):
     result, failed = run_module("sglang_unit", host["args"])
     assert not failed and result["env_changed"] and not result["unit_changed"]
     assert stat.S_IMODE(os.stat(host["args"]["env_path"]).st_mode) == 0o600
+
+
+def test_pending_marker_is_written_before_the_files_and_only_when_a_file_changes(
+    run_module, host, monkeypatch
+):
+    host["show"] = ["unit-show-enabled.txt"]
+    marker = host["tmp"] / "state" / "sglang.pending.json"
+    args = dict(host["args"], pending_path=str(marker), pending_by={"controller_user": "alice"})
+    result, failed = run_module("sglang_unit", args)
+    assert not failed and result["pending_marker"]["files"]["unit"]["sha256_before"] is None, result
+    assert json.loads(marker.read_text()) == result["pending_marker"]
+    marker.unlink()  # what the verified deploy's record does (sglang_history clear_pending)
+
+    # Nothing changes: no marker. Check mode: none either.
+    result, failed = run_module("sglang_unit", args)
+    assert not failed and result["pending_marker"] is None and not marker.exists()
+    result, failed = run_module(
+        "sglang_unit", dict(args, unit_content=UNIT.format(window=4096), _ansible_check_mode=True)
+    )
+    assert not failed and result["unit_changed"] and result["pending_marker"] is None and not marker.exists()
+
+    # ENOSPC while the unit is written: the env file is new already, the marker names both.
+    real_replace = os.replace
+
+    def full_disk(src, dst):
+        if dst == args["unit_path"]:
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError):
+        run_module(
+            "sglang_unit", dict(args, unit_content=UNIT.format(window=4096), env_content=ENV + "X=1\n")
+        )
+    monkeypatch.setattr(os, "replace", real_replace)
+    left = json.loads(marker.read_text())
+    assert set(left["files"]) == {"unit", "env"} and left["by"] == {"controller_user": "alice"}
+    assert left["files"]["unit"]["sha256"] == hashlib.sha256(UNIT.format(window=4096).encode()).hexdigest()
+    assert Path(args["env_path"]).read_text() == ENV + "X=1\n"
+    assert '"2048"' in Path(args["unit_path"]).read_text()
