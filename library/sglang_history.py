@@ -75,7 +75,7 @@ options:
   clear_pending:
     description:
       - With O(record), the pending marker C(sglang_unit) wrote before it replaced the files. Once the
-        record is on disk the marker is removed (the run is finished: verified, or rolled back, verified
+        record is on disk the marker is removed (the run is finished, verified, or rolled back, verified
         or not; the record says which) and its content is added to the record as C(pending).
       - A marker that is not there changes nothing.
     type: path

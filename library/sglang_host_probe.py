@@ -257,8 +257,8 @@ systemd:
 pending:
   description:
     - The content of O(pending) when a run stopped between writing the files and verifying them (which
-      files, their sha256 before and after, when, by whom); C({unreadable: reason}) when it is not a JSON
-      object; null when there is none (or without O(pending)).
+      files, their sha256 before and after, when, by whom); a dict with the key C(unreadable) when it is
+      not a JSON object; null when there is none (or without O(pending)).
   returned: always
   type: dict
 dropins:

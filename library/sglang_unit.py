@@ -65,10 +65,10 @@ options:
   pending_path:
     description:
       - The pending marker (JSON, C(0600) root), written with the one atomic writer BEFORE the first file
-        is replaced, only when a file changes: which files this call writes (path, sha256 before and
+        is replaced, only when a file changes, naming the files this call writes (path, sha256 before and
         after), when, by whom (O(pending_by)) and the module's PID. C(sglang_history) removes it once the
         verified restart was recorded (or a rollback finished); a run that stops in between leaves it, and
-        the next run (C(sglang_host_probe) O(sglang_host_probe#module:pending)) and the boot-time
+        the next run (the C(pending) option of C(sglang_host_probe)) and the boot-time
         C(sglang-deploy-heal) unit find it.
     type: path
   pending_by:

@@ -32,6 +32,9 @@ LAB_FILE_SECONDS = {
     "tests/integration/test_nccl_environment.py": 45,
     # 3 tests, 81 s measured on a reused host (baseline deploy of the fixture included).
     "tests/integration/test_foreign_dropins.py": 85,
+    # 2 tests, each a deploy killed in its slow verified restart (SGLANG_LAB_LOAD_SECONDS=40), then the next
+    # deploy, or the replayed boot and a deploy; measured on lab230 with the fixture's baseline deploy.
+    "tests/integration/test_interrupted_heal.py": 200,
     # make lab-tests: the lab server's processes on the controller, and labctl's own two hosts.
     "tests/lab_server/test_lab_server.py": 120,
     "tests/lab_server/test_parse_cache.py": 35,

@@ -25,6 +25,7 @@ NEW_UNIT = GOOD_UNIT.replace("2048", "4096")
 GOOD_ENV = "HF_HOME=/var/lib/sglang/.cache/huggingface\n"
 NEW_ENV = GOOD_ENV + "SGLANG_LAB_LOAD_SECONDS=40\n"
 CONFIG = "api-key: sk-heal-test\n"
+CONTROLLER = {"host": "ctl1", "user": "alice", "pid": 4242, "playbook": "deploy.yml"}
 
 
 def sha(text: str) -> str:
@@ -63,7 +64,8 @@ def host(tmp_path, monkeypatch, run_module):
         "config_group": group,
         "previous_dir": str(root / "state" / "previous"),
         "pending_path": str(root / "state" / "sglang.pending.json"),
-        "pending_by": {"controller_user": "alice", "lock_token": "t-1"},
+        # The shape of the deploy lock's holder record (action_plugins/sglang_lock.py controller_identity).
+        "pending_by": {"controller": CONTROLLER, "lock_token": "t-1"},
     }
     # The verified deploy: files written, then kept as known-good by the record (marker cleared).
     result, failed = run_module("sglang_unit", dict(unit_args, unit_content=GOOD_UNIT, env_content=GOOD_ENV))
@@ -132,7 +134,7 @@ def reloads(host) -> list[str]:
 def test_the_marker_written_by_sglang_unit_names_the_interrupted_write(host):
     marker = json.loads(host["marker"].read_text())
     assert marker["unit"] == "sglang.service" and marker["by"] == {
-        "controller_user": "alice",
+        "controller": CONTROLLER,
         "lock_token": "t-1",
     }
     assert set(marker["files"]) == {"unit", "env"}  # the --config file did not change
@@ -162,7 +164,8 @@ def test_interrupted_deploy_is_restored_to_known_good_reloaded_recorded_and_the_
     assert record["pending"]["files"]["unit"]["sha256"] == sha(NEW_UNIT)
     out = r.stdout
     assert out.startswith("<5>a deploy of sglang.service stopped between writing and verifying (")
-    assert "started " in out and "controller user alice" in out and str(paths["unit"]) in out
+    assert "by ansible-playbook PID 4242 on controller ctl1 (user alice, playbook deploy.yml)" in out
+    assert "started " in out and str(paths["unit"]) in out
     assert "starts the last VERIFIED configuration" in out and "healed_at_boot" in out
 
     # At the next boot there is nothing left to do.

@@ -198,7 +198,7 @@ def test_pending_marker_is_written_before_the_files_and_only_when_a_file_changes
 ):
     host["show"] = ["unit-show-enabled.txt"]
     marker = host["tmp"] / "state" / "sglang.pending.json"
-    args = dict(host["args"], pending_path=str(marker), pending_by={"controller_user": "alice"})
+    args = dict(host["args"], pending_path=str(marker), pending_by={"controller": {"user": "alice"}})
     result, failed = run_module("sglang_unit", args)
     assert not failed and result["pending_marker"]["files"]["unit"]["sha256_before"] is None, result
     assert json.loads(marker.read_text()) == result["pending_marker"]
@@ -227,7 +227,7 @@ def test_pending_marker_is_written_before_the_files_and_only_when_a_file_changes
         )
     monkeypatch.setattr(os, "replace", real_replace)
     left = json.loads(marker.read_text())
-    assert set(left["files"]) == {"unit", "env"} and left["by"] == {"controller_user": "alice"}
+    assert set(left["files"]) == {"unit", "env"} and left["by"] == {"controller": {"user": "alice"}}
     assert left["files"]["unit"]["sha256"] == hashlib.sha256(UNIT.format(window=4096).encode()).hexdigest()
     assert Path(args["env_path"]).read_text() == ENV + "X=1\n"
     assert '"2048"' in Path(args["unit_path"]).read_text()
