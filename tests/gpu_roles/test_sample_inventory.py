@@ -437,8 +437,10 @@ def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
         seconds = [0] + [int(m) * 60 + int(s) for m, s, _ in steps]
         assert max(b - a for a, b in zip(seconds, seconds[1:])) <= 30, (label, steps)
         assert steps[-1][2].startswith("done, installed "), (label, steps[-1])
+        # An install that took 30 s or more said what pip was doing on the way (one done in less, e.g. the
+        # SGLang wheel alone in ~10 s on a quiet machine, owes only its done line).
         named = [step for _, _, step in steps if step.startswith(("Processing ", "Installing "))]
-        assert named, (label, steps)
+        assert named or seconds[-1] < 30, (label, steps)
 
     facts = host_facts(sample["sglang_port"])
     # Driver packages: installed at the pinned version and held; the toolkit installed, not held.
