@@ -61,7 +61,13 @@ def start_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY
     )
     with out.open("w") as handle:
         return subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 

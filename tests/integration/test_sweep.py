@@ -128,6 +128,7 @@ def sweep(host, tmp_path_factory):
         host.argv("playbooks/sweep.yml", extra),
         cwd=REPO,
         env=env(),
+        stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
