@@ -1,7 +1,8 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Atomic, durable file replacement for the files a deploy writes (unit, environment file, the kept
-previous and known-good copies): shared by sglang_unit, sglang_history and sglang_known_good."""
+previous and known-good copies): shared by sglang_unit, sglang_history, sglang_known_good and the
+boot-time heal script (roles/sglang/files/sglang-deploy-heal, which the role installs this file beside)."""
 
 from __future__ import annotations
 

@@ -112,6 +112,8 @@ def host(tmp_path, monkeypatch, run_module):
         str(root / "run" / "sglang.lock"),
         "--systemctl",
         str(systemctl),
+        "--lib",
+        str(REPO / "module_utils"),
     ]
     return {"root": root, "paths": paths, "argv": argv, "marker": Path(unit_args["pending_path"])}
 
