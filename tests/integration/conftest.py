@@ -138,7 +138,34 @@ class LabHost:
                 argv += ["-e", "@" + handle.name]
             argv += list(args)
             return subprocess.run(
-                argv, cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=timeout
+                argv,
+                cwd=REPO,
+                env=ansible_env(),
+                stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+
+    def start_playbook(
+        self, out: Path, extra: dict, *args: str, playbook: str = "playbooks/sglang.yml"
+    ) -> subprocess.Popen:
+        """ansible-playbook against this host in the background, in its own process group (killed whole),
+        output in ``out``; ``extra`` as ``-e @<out>.json`` after ``args``. Results as JSON: a message is
+        one JSON string (the yaml format folds and re-quotes it)."""
+        extra_file = out.with_suffix(".json")
+        extra_file.write_text(json.dumps(extra))
+        argv = [str(ANSIBLE_PLAYBOOK), "-i", str(self.inventory), "--limit", f"{self.name},localhost"]
+        argv += [playbook, *args, "-e", f"@{extra_file}"]
+        with out.open("w") as handle:
+            return subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=dict(ansible_env(), ANSIBLE_CALLBACK_RESULT_FORMAT="json"),
+                stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     # -- state -------------------------------------------------------------------------------------

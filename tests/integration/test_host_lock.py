@@ -35,40 +35,8 @@ SGLANG_PLAY = "playbooks/sglang.yml"
 
 
 def start_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) -> subprocess.Popen:
-    """ansible-playbook -e window=2048 in the background, in its own process group (killed whole), output
-    in ``out``. Results as JSON: a message is one JSON string (the yaml format folds and re-quotes it)."""
-    extra_file = out.with_suffix(".json")
-    extra_file.write_text(json.dumps(extra))
-    argv = [
-        str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i",
-        str(lab_host.inventory),
-        "--limit",
-        f"{lab_host.name},localhost",
-        playbook,
-        "-e",
-        "window=2048",
-        "-e",
-        f"@{extra_file}",
-    ]
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
-    with out.open("w") as handle:
-        return subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    """-e window=2048 in the background (LabHost.start_playbook)."""
+    return lab_host.start_playbook(out, extra, "-e", "window=2048", playbook=playbook)
 
 
 def run_playbook(lab_host, extra: dict, out: Path, playbook: str = SGLANG_PLAY) -> tuple[int, str]:

@@ -43,39 +43,8 @@ STOPPED = "a previous run stopped between writing and verifying"
 
 
 def start_playbook(lab_host, window: int, extra: dict, out: Path) -> subprocess.Popen:
-    """playbooks/sglang.yml in the background, in its own process group (killed whole), output in ``out``."""
-    extra_file = out.with_suffix(".json")
-    extra_file.write_text(json.dumps(extra))
-    argv = [
-        str(REPO / ".venv" / "bin" / "ansible-playbook"),
-        "-i",
-        str(lab_host.inventory),
-        "--limit",
-        f"{lab_host.name},localhost",
-        SGLANG_PLAY,
-        "-e",
-        f"window={window}",
-        "-e",
-        f"@{extra_file}",
-    ]
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
-    with out.open("w") as handle:
-        return subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    """playbooks/sglang.yml in the background (LabHost.start_playbook)."""
+    return lab_host.start_playbook(out, extra, "-e", f"window={window}", playbook=SGLANG_PLAY)
 
 
 def run_playbook(lab_host, window: int, extra: dict, out: Path) -> tuple[int, str]:
