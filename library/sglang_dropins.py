@@ -76,8 +76,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
-
-C_ENV = {"LANG": "C", "LC_ALL": "C"}
+from ansible.module_utils.sglang_systemd import daemon_reload
 
 
 def own_dropin(unit, path):
@@ -161,15 +160,9 @@ def main():
             (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(),
             0o600,
         )
-    rc, out, err = module.run_command(
-        [module.get_bin_path("systemctl", required=True), "daemon-reload"], environ_update=C_ENV
-    )
-    if rc != 0:
-        module.fail_json(
-            msg=f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}; "
-            f"the drop-ins are already in {target}",
-            **result,
-        )
+    failure = daemon_reload(module)
+    if failure:
+        module.fail_json(msg=f"{failure}; the drop-ins are already in {target}", **result)
     module.exit_json(**result)
 
 

@@ -103,9 +103,8 @@ import stat  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_files import discard_staged, fsync_dir, replace_file, stage_file
-from ansible.module_utils.sglang_systemd import analyze_verify
+from ansible.module_utils.sglang_systemd import analyze_verify, daemon_reload
 
-C_ENV = {"LANG": "C", "LC_ALL": "C"}
 # The order the files are switched in: a unit that names a variable or the config file never starts
 # without it (as sglang_unit writes them).
 ORDER = ("env", "config", "unit")
@@ -238,13 +237,9 @@ def main():
             f"{exc.strerror or exc} ({exc.filename})",
             restored=done,
         )
-    rc, out, err = module.run_command(
-        [module.get_bin_path("systemctl", required=True), "daemon-reload"], environ_update=C_ENV
-    )
-    if rc != 0:
-        module.fail_json(
-            msg=f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}", restored=done
-        )
+    failure = daemon_reload(module)
+    if failure:
+        module.fail_json(msg=failure, restored=done)
     module.exit_json(changed=bool(done), restored=done, sha256=sha, daemon_reloaded=True)
 
 

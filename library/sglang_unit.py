@@ -135,7 +135,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
-from ansible.module_utils.sglang_systemd import SystemctlError, analyze_verify
+from ansible.module_utils.sglang_systemd import SystemctlError, analyze_verify, daemon_reload
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 STATUS_PROPERTIES = (
@@ -311,11 +311,9 @@ def main():
             keep_previous(p["previous_dir"], path, current[key][0])
         replace_file(path, content, mode, gid)
     if need_reload:
-        rc, out, err = systemctl(module, "daemon-reload")
-        if rc != 0:
-            module.fail_json(
-                msg=f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}", **result
-            )
+        failure = daemon_reload(module)
+        if failure:
+            module.fail_json(msg=failure, **result)
     if need_enable:
         rc, out, err = systemctl(module, "enable", "--", name)
         if rc != 0:

@@ -218,6 +218,15 @@ def death_of(props, invocation_id, main_pid):
     return None
 
 
+def daemon_reload(module):
+    """``systemctl daemon-reload``: None when it succeeded, else the sentence that says why not."""
+    rc, out, err = module.run_command(
+        [module.get_bin_path("systemctl", required=True), "daemon-reload"],
+        environ_update={"LANG": "C", "LC_ALL": "C"},
+    )
+    return None if rc == 0 else f"systemctl daemon-reload failed (rc={rc}): {(err or out).strip()}"
+
+
 def analyze_verify(module, name, unit_path, content):
     """``systemd-analyze verify`` of ``content`` (bytes) under the unit's own ``name``, in a private
     temporary directory (the host is not touched): (rc, what it said with the temporary path replaced by

@@ -119,3 +119,28 @@ def test_show_failure_names_the_command():
 
     with pytest.raises(sd.SystemctlError, match=r"systemctl show -p Id -- x.service failed \(rc=1\): Failed"):
         sd.show(Mod(), "x.service", ("Id",), systemctl="/usr/bin/systemctl")
+
+
+class _Module:
+    """What daemon_reload uses of AnsibleModule: get_bin_path and run_command (the answer given)."""
+
+    def __init__(self, rc, out="", err=""):
+        self.answer, self.calls = (rc, out, err), []
+
+    def get_bin_path(self, name, required=False):
+        return f"/usr/bin/{name}"
+
+    def run_command(self, argv, environ_update=None):
+        self.calls.append((argv, environ_update))
+        return self.answer
+
+
+def test_daemon_reload_is_one_call_and_says_why_it_failed():
+    ok = _Module(0)
+    assert sd.daemon_reload(ok) is None
+    assert ok.calls == [(["/usr/bin/systemctl", "daemon-reload"], {"LANG": "C", "LC_ALL": "C"})]
+    failed = _Module(1, err="Failed to reload daemon: Access denied\n")
+    assert (
+        sd.daemon_reload(failed)
+        == "systemctl daemon-reload failed (rc=1): Failed to reload daemon: Access denied"
+    )
