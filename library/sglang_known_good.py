@@ -97,60 +97,17 @@ daemon_reloaded:
 
 import grp  # noqa: E402
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import stat  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_files import discard_staged, fsync_dir, replace_file, stage_file
+from ansible.module_utils.sglang_known_good import Refused, read_known_good
 from ansible.module_utils.sglang_systemd import analyze_verify, daemon_reload
 
 # The order the files are switched in: a unit that names a variable or the config file never starts
 # without it (as sglang_unit writes them).
 ORDER = ("env", "config", "unit")
-
-
-class Refused(Exception):
-    pass
-
-
-def read_known_good(directory, meta_name, targets):
-    """{name: content} of the known-good copies, each checked against the recorded sha256."""
-    meta_path = os.path.join(directory, meta_name)
-    try:
-        with open(meta_path, "rb") as handle:
-            meta = json.loads(handle.read())
-    except (OSError, ValueError) as exc:
-        raise Refused(f"cannot read the known-good metadata {meta_path}: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise Refused(f"the known-good metadata {meta_path} is not a JSON object")
-    contents, bad = {}, []
-    for name, (path, _mode, _gid) in targets.items():
-        copy = os.path.join(directory, os.path.basename(path))
-        recorded = meta.get(f"{name}_sha256")
-        if name == "config" and recorded is None and not os.path.exists(copy):
-            continue  # a set kept before the role had a --config file
-        if not recorded:
-            bad.append(f"{copy} (no {name}_sha256 recorded in {meta_path})")
-            continue
-        try:
-            with open(copy, "rb") as handle:
-                data = handle.read()
-        except OSError as exc:
-            bad.append(f"{copy} ({exc.strerror or exc})")
-            continue
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != str(recorded).lower():
-            bad.append(f"{copy} (sha256 {actual[:12]}, recorded {str(recorded)[:12]})")
-            continue
-        contents[name] = data
-    if bad:
-        raise Refused(
-            "the known-good copies are not the ones that were verified: "
-            + "; ".join(bad)
-            + ". Refused: nothing was written"
-        )
-    return contents
 
 
 def up_to_date(path, content, mode, gid):

@@ -195,7 +195,8 @@ def test_a_known_good_file_that_does_not_match_its_recorded_hash_is_not_restored
     (host["root"] / "state" / "known-good" / "sglang.service").write_text(GOOD_UNIT + "# edited\n")
     r = heal(host)
     assert r.returncode == 1
-    assert r.stdout.startswith("<3>") and "NOT healed: known-good unit has sha256" in r.stdout
+    assert r.stdout.startswith("<3>") and "NOT healed: the known-good copies are not the ones" in r.stdout
+    assert "sglang.service (sha256 " in r.stdout  # the same reader and message as the rollback's
     assert host["paths"]["unit"].read_text() == NEW_UNIT and host["paths"]["env"].read_text() == NEW_ENV
     assert host["marker"].exists() and reloads(host) == []
     assert history(host)[-1]["result"] == "heal_failed"
@@ -204,7 +205,9 @@ def test_a_known_good_file_that_does_not_match_its_recorded_hash_is_not_restored
 def test_no_known_good_set_keeps_the_marker_and_says_the_files_are_unverified(host):
     shutil.rmtree(host["root"] / "state" / "known-good")
     r = heal(host)
-    assert r.returncode == 1 and "no known-good unit" in r.stdout and "UNVERIFIED" in r.stdout
+    assert (
+        r.returncode == 1 and "cannot read the known-good metadata" in r.stdout and "UNVERIFIED" in r.stdout
+    )
     assert host["marker"].exists() and host["paths"]["unit"].read_text() == NEW_UNIT
 
 

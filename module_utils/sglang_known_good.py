@@ -1,0 +1,57 @@
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The known-good set of the last VERIFIED deploy, read only when every copy has the sha256 recorded for it:
+shared by the rollback (library/sglang_known_good.py) and the boot-time heal script
+(roles/sglang/files/sglang-deploy-heal, which the role installs this file beside). Standard library only,
+no other import: the heal script loads it by path at boot, without Ansible."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+
+class Refused(Exception):
+    """The known-good set cannot be trusted; the message names every copy and why."""
+
+
+def read_known_good(directory, meta_name, targets):
+    """{name: content} of the known-good copies of ``targets`` ({name: (path, mode, gid)}: the copy is
+    ``directory``/basename(path)), each checked against the ``<name>_sha256`` of the metadata ``meta_name``.
+    A config copy with no hash recorded and no file is skipped (a set kept before the --config file)."""
+    meta_path = os.path.join(directory, meta_name)
+    try:
+        with open(meta_path, "rb") as handle:
+            meta = json.loads(handle.read())
+    except (OSError, ValueError) as exc:
+        raise Refused(f"cannot read the known-good metadata {meta_path}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise Refused(f"the known-good metadata {meta_path} is not a JSON object")
+    contents, bad = {}, []
+    for name, (path, _mode, _gid) in targets.items():
+        copy = os.path.join(directory, os.path.basename(path))
+        recorded = meta.get(f"{name}_sha256")
+        if name == "config" and recorded is None and not os.path.exists(copy):
+            continue  # a set kept before the role had a --config file
+        if not recorded:
+            bad.append(f"{copy} (no {name}_sha256 recorded in {meta_path})")
+            continue
+        try:
+            with open(copy, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            bad.append(f"{copy} ({exc.strerror or exc})")
+            continue
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != str(recorded).lower():
+            bad.append(f"{copy} (sha256 {actual[:12]}, recorded {str(recorded)[:12]})")
+            continue
+        contents[name] = data
+    if bad:
+        raise Refused(
+            "the known-good copies are not the ones that were verified: "
+            + "; ".join(bad)
+            + ". Refused: nothing was written"
+        )
+    return contents
