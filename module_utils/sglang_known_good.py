@@ -16,6 +16,31 @@ class Refused(Exception):
     """The known-good set cannot be trusted; the message names every copy and why."""
 
 
+def release_problems(meta, meta_path):
+    """The SGLang release the known-good unit runs (``release`` of the metadata: its directory and marker with
+    the marker's sha256) must still be there, unchanged: a unit naming a removed or rebuilt release is not
+    restored. A set kept before releases existed has no ``release`` and is not checked."""
+    release = meta.get("release")
+    if release is None:
+        return []
+    if not isinstance(release, dict) or not release.get("path") or not release.get("marker_sha256"):
+        return [f"release: {release!r} in {meta_path} names no release directory and marker sha256"]
+    marker = release.get("marker") or ""
+    try:
+        with open(marker, "rb") as handle:
+            actual = hashlib.sha256(handle.read()).hexdigest()
+    except OSError as exc:
+        return [f"the release {release['path']} ({marker}: {exc.strerror or exc})"]
+    if os.path.dirname(os.path.normpath(marker)) != os.path.normpath(release["path"]):
+        return [f"the release {release['path']} (its marker {marker} is not in it)"]
+    if actual != str(release["marker_sha256"]).lower():
+        return [
+            f"the release {release['path']} ({marker}: sha256 {actual[:12]}, "
+            f"recorded {str(release['marker_sha256'])[:12]})"
+        ]
+    return []
+
+
 def read_known_good(directory, meta_name, targets):
     """{name: content} of the known-good copies of ``targets`` ({name: (path, mode, gid)}: the copy is
     ``directory``/basename(path)), each checked against the ``<name>_sha256`` of the metadata ``meta_name``.
@@ -48,6 +73,7 @@ def read_known_good(directory, meta_name, targets):
             bad.append(f"{copy} (sha256 {actual[:12]}, recorded {str(recorded)[:12]})")
             continue
         contents[name] = data
+    bad += release_problems(meta, meta_path)
     if bad:
         raise Refused(
             "the known-good copies are not the ones that were verified: "

@@ -1,11 +1,12 @@
 """Known-good is exactly what was verified (issue 14, item 3), against the shared lab host.
 
 Order (one module, top to bottom; each test leaves the baseline deployed):
-  1. a deploy whose server loads for a few seconds (SGLANG_LAB_LOAD_SECONDS) runs in a thread; while it is in
-     its verified restart (the deploy lock says "restarting"), the environment file is changed by hand. The
-     restart proves the server it started, but the record finds the env file is not the one that restart
-     ran: the run fails naming it, the known-good set and its metadata are unchanged, no "verified" record
-     is written, and the rollback puts the known-good files back (the hand edit kept in previous/);
+  1. a deploy whose server loads until the test lets it (SGLANG_LAB_LOAD_UNTIL, at most 8 s) runs in a
+     thread; while it is in its verified restart (the deploy lock says "restarting"), the environment file
+     is changed by hand, then the load ends. The restart proves the server it started, but the record finds
+     the env file is not the one that restart ran: the run fails naming it, the known-good set and its
+     metadata are unchanged, no "verified" record is written, and the rollback puts the known-good files
+     back (the hand edit kept in previous/);
   2. the known-good env copy is tampered with, then a change that crashes after start
      (SGLANG_LAB_CRASH_AFTER) is deployed: the rollback refuses the tampered copy naming it and writes
      nothing (the crashing env file stays on disk), the run fails. The test puts the copy back and the
@@ -33,6 +34,8 @@ LOCK_FILE = "/run/sglang-deploy/sglang.lock"
 PLAY = "playbooks/sglang.yml"
 FAST = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
 HAND_EDIT = "# changed by hand during the stability window\n"
+# The test ends the restart's slow load (SGLANG_LAB_LOAD_UNTIL) once its hand edit is on disk.
+LOAD_GATE = "/run/sglang-lab-load-gate"
 
 
 def flat(r) -> str:
@@ -60,7 +63,10 @@ def test_file_changed_during_the_stability_window_is_not_recorded(lab_host):
     history_before = len(lab_host.history())
     good = lab_host.state()
     # A restart that takes a few seconds to become ready, then 6 s of stability: the window for the edit.
-    extra = dict(FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "8"})
+    extra = dict(
+        FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "8", "SGLANG_LAB_LOAD_UNTIL": LOAD_GATE}
+    )
+    lab_host.ssh(f"rm -f {LOAD_GATE}")
     result = {}
     run = threading.Thread(
         target=lambda: result.update(r=lab_host.playbook("-e", "window=2048", extra=extra, playbook=PLAY))
@@ -74,6 +80,7 @@ def test_file_changed_during_the_stability_window_is_not_recorded(lab_host):
             time.sleep(0.5)
         lab_host.ssh(f"printf %s {shlex.quote(HAND_EDIT)} >> {ENV_PATH}")
         edited = lab_host.read_bytes(ENV_PATH)
+        lab_host.ssh(f"touch {LOAD_GATE}")  # edited: the load may end now
         run.join(timeout=600)
         r = result["r"]
         text = flat(r)
@@ -96,7 +103,9 @@ def test_file_changed_during_the_stability_window_is_not_recorded(lab_host):
         assert lab_host.read_bytes(ENV_PATH) == env_copy_before
         assert lab_host.read_bytes(PREVIOUS_ENV) == edited  # the hand edit is kept, not lost
     finally:
+        lab_host.ssh(f"touch {LOAD_GATE}")
         run.join(timeout=600)
+        lab_host.ssh(f"rm -f {LOAD_GATE}")
         lab_host.restore_baseline()
 
 

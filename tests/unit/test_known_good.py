@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
+from conftest import FIXTURES
 
 SENTINEL = "sk-sentinel-known-good-31"
 UNIT = """[Unit]
@@ -73,7 +74,7 @@ def host(tmp_path, monkeypatch, run_module):
     }
     known_good = tmp_path / "known-good"
 
-    def keep(contents):
+    def keep(contents, meta=None):
         """Write ``contents`` to the live paths and keep them as known-good, as a verified deploy does."""
         for name, path in paths.items():
             path.write_text(contents[name])
@@ -87,7 +88,7 @@ def host(tmp_path, monkeypatch, run_module):
                     "dir": str(known_good),
                     "files": {name: str(path) for name, path in paths.items()},
                     "meta_name": "sglang.json",
-                    "meta": {"unit": "sglang.service"},
+                    "meta": dict({"unit": "sglang.service"}, **(meta or {})),
                     "api_key": SENTINEL,
                     "sha256": sha,
                 },
@@ -151,6 +152,32 @@ def test_tampered_known_good_env_is_refused_and_nothing_is_written(run_module, h
     assert live(host) == FAILED
     assert host["calls"] == []  # neither validated nor reloaded
     assert not (host["tmp"] / "previous").exists()
+
+
+def test_known_good_release_removed_or_rebuilt_is_refused_and_nothing_is_written(run_module, host):
+    """The known-good unit names its SGLang release (issue 14 item 1): the rollback restores it only while the
+    release directory and its marker (the recorded lab install marker) are what was verified."""
+    release = host["tmp"] / "releases" / "0.5.23-py3.11-0123456789ab"
+    release.mkdir(parents=True)
+    marker = release / "sglang-deploy-install.json"
+    shutil.copy(FIXTURES / "host_probe" / "marker-lab.json", marker)
+    recorded = {
+        "path": str(release),
+        "marker": str(marker),
+        "marker_sha256": hashlib.sha256(marker.read_bytes()).hexdigest(),
+    }
+    host["keep"](GOOD, {"release": recorded})
+    leave_failed_deploy(host)
+    marker.write_text(marker.read_text().replace("0.5.23", "0.5.24"))  # rebuilt in place
+    result, failed = run_module("sglang_known_good", host["args"])
+    assert failed and f"the release {release} ({marker}: sha256" in result["msg"], result
+    marker.unlink()  # removed
+    result, failed = run_module("sglang_known_good", host["args"])
+    assert failed and f"the release {release} ({marker}: No such file or directory)" in result["msg"]
+    assert live(host) == FAILED and host["calls"] == []
+    shutil.copy(FIXTURES / "host_probe" / "marker-lab.json", marker)  # as verified: restored
+    result, failed = run_module("sglang_known_good", host["args"])
+    assert not failed and live(host) == GOOD, result
 
 
 def test_half_written_known_good_set_is_refused(run_module, host):

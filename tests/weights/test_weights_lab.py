@@ -126,7 +126,7 @@ def recap(out: str) -> str:
 
 def copy_checkpoint(host, scratch, src: str, dest: str) -> None:
     scratch.append(dest)
-    ssh(host, f"rm -rf {dest} && cp -a {src} {dest}")
+    ssh(host, f"rm -rf {dest} && mkdir -p {os.path.dirname(dest)} && cp -a {src} {dest}")
 
 
 def models(target=TARGET, draft=DRAFT, **kw):
@@ -240,6 +240,10 @@ def test_revision_pin(inventory, host, scratch):
         ({"path": "srv/models/x"}, "path must be absolute"),
         ({"revision": "main"}, "revision must be null or a full 40-character"),
         ({"fetch": True, "revision": "a" * 40}, "fetch=true needs repo"),
+        (
+            {"fetch": True, "repo": "moonshotai/Kimi-K2.6", "revision": "a" * 40},
+            "fetch=true writes into path, so path must be the revision's own directory",
+        ),
     ],
 )
 def test_preflight_names_the_setting(inventory, host, item, needle):
@@ -310,7 +314,7 @@ def test_fetch_path_with_real_huggingface_hub_keeps_the_token_secret(inventory, 
     """fetch=true on a damaged copy: the role writes the token file (0600), the module runs the host's real
     huggingface_hub listing, which fails (no route to the Hub from a lab host); the run fails naming the
     listing, and the token appears nowhere in the output, even at -vvv."""
-    dest = "/srv/models/broken-fetch"
+    dest = f"/srv/models/broken-fetch/{'a' * 40}"
     copy_checkpoint(host, scratch, TARGET, dest)
     ssh(host, f"rm {dest}/{SHARD1}")
     r = play(
@@ -379,7 +383,7 @@ def test_fetch_path_to_the_end_with_a_stand_in_hub(inventory, host, scratch, sta
     --check plans (would fetch) and changes nothing; the real run downloads (stand-in hf), checks again at
     the pinned revision and reports it; the next run finds everything complete and fetches nothing."""
     venv, sha = standin_venv
-    dest = "/srv/models/broken-fetch-standin"
+    dest = f"/srv/models/broken-fetch-standin/{sha}"
     copy_checkpoint(host, scratch, TARGET, dest)
     ssh(host, f"rm {dest}/{SHARD1}")
     pin = {"fetch": True, "repo": "moonshotai/Kimi-K2.6", "revision": sha}
