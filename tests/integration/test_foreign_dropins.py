@@ -23,8 +23,9 @@ import pytest
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-# As tests/integration/conftest.py: short stability window; only the play that deploys SGLang.
-FAST_VERIFY = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
+# As tests/integration/conftest.py's restore: the lab inventory's short stability window (no crash is
+# injected here); only the play that deploys SGLang.
+FAST_VERIFY = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
 SGLANG_PLAYBOOK = "playbooks/sglang.yml"
 UNIT_PATH = "/etc/systemd/system/sglang.service"
 
@@ -53,8 +54,34 @@ def flat(r) -> str:
     return " ".join((r.stdout + r.stderr).split())
 
 
+PLAN_USER = "sglang-plan"
+
+
+def with_plan_account(lab_host):
+    """Drift connects as the plan account (docs/gitops.md): set it up on the shared host with the lab's own
+    key (a deploy with sglang_plan_authorized_keys; nothing restarts). Removed by remove_plan_account."""
+    key = Path(lab_host.vars["ansible_ssh_private_key_file"] + ".pub").read_text().strip()
+    r = deploy(lab_host, sglang_plan_authorized_keys=[key])
+    assert r.returncode == 0, r.stdout[-4000:]
+
+
+def remove_plan_account(lab_host):
+    lab_host.ssh(
+        "systemctl disable --now sglang-plan-probe.socket 2>/dev/null;"
+        " rm -f /etc/systemd/system/sglang-plan-probe.socket '/etc/systemd/system/sglang-plan-probe@.service'"
+        " /etc/sglang/sglang.plan-probe.json /usr/local/lib/sglang-deploy/plan-probe"
+        " /usr/local/lib/sglang-deploy/sglang_redact.py;"
+        f" systemctl daemon-reload; userdel -r {PLAN_USER} 2>/dev/null; groupdel {PLAN_USER} 2>/dev/null;"
+        " true"
+    )
+
+
 def drift_findings(lab_host, tmp_path):
-    r = lab_host.playbook("--check", "-e", f"gitops_report_dir={tmp_path}", playbook="playbooks/drift.yml")
+    """playbooks/drift.yml as tools/gitops/drift runs it: as the plan account, without become."""
+    plan = {"ansible_user": PLAN_USER, "ansible_become": False}
+    r = lab_host.playbook(
+        "--check", "-e", f"gitops_report_dir={tmp_path}", extra=plan, playbook="playbooks/drift.yml"
+    )
     assert r.returncode == 0, r.stdout[-4000:]
     spec = importlib.util.spec_from_file_location("gitops", REPO / "tools" / "gitops" / "gitops.py")
     gitops = importlib.util.module_from_spec(spec)
@@ -64,6 +91,7 @@ def drift_findings(lab_host, tmp_path):
 
 
 def test_a_foreign_dropin_fails_the_deploy_untouched_and_is_drift(lab_host, tmp_path):
+    with_plan_account(lab_host)
     before = lab_host.state()
     try:
         write_dropin(lab_host, USER_ROOT)
@@ -81,6 +109,7 @@ def test_a_foreign_dropin_fails_the_deploy_untouched_and_is_drift(lab_host, tmp_
         assert lab_host.state() == before
     finally:
         cleanup(lab_host)
+        remove_plan_account(lab_host)
         lab_host.restore_baseline()
 
 

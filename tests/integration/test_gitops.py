@@ -5,11 +5,14 @@ One lab host (systemd-nspawn, SSH) for every case, in file order:
      sentinel, fast verification) that tools/gitops/apply deploys, and a head commit that changes the
      draft window 2048 -> 4096 and rotates the API key;
   2. tools/gitops/plan of a head that also plants a `check_mode: false` task writing a file (code)
-     runs the base's code with the head's data: it names the host, shows
+     runs the base's code with the head's data, connected as the plan account (sglang-plan, set up by
+     the base's deploy, no become): it names the host, shows
      `speculative_draft_window_size: 2048 -> 4096` in the running-arguments diff and a restart, says
      "code changed: needs review", masks every secret (a CI token in its environment reaches neither
      ansible nor the output), exits 2, and leaves the host as it was (no planted file, same unit/env
-     hashes, same InvocationID, same history);
+     hashes, same InvocationID, same history); the plan account, tried for real, reads neither the
+     environment nor the --config file nor the known-good record, writes nothing in the unit directory,
+     cannot restart, stop or signal the service, and its probe's answer holds no secret;
   3. tools/gitops/apply deploys head and the server reports 4096; a second apply of the same inventory
      while the lock is held fails at once naming the holder; drift right after the apply finds nothing;
   4. a hand edit of the unit (window 1024, daemon-reload, restart) is reported by tools/gitops/drift,
@@ -32,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -55,7 +59,10 @@ SECRET_B = "sentinel-gitops-key-B-7d20aa"
 TEST_VARS = "inventory/lab/group_vars/gpu_nodes/zz_gitops_test.yml"
 PULL_BRANCH = "deploy-lab"
 PLANTED_FILE = "/root/gitops-planted"
+PLAN_USER = "sglang-plan"
+PROBE_SOCKET = "/run/sglang-plan-probe.sock"
 SENTINEL_ENV = "sentinel-gitops-ci-token-41d7"
+SSH_CONTROL_DIR = Path.home() / ".ansible" / "cp-it"
 PLANTED_TASK = f"""
 - name: Planted by a pull request
   ansible.builtin.copy:
@@ -86,7 +93,7 @@ class Host:
         # The controller end of the host's veth (/30: .1 is the controller, .2 the host).
         self.controller_address = self.address.rsplit(".", 1)[0] + ".1"
 
-    def ssh(self, command: str, check=True, timeout=300) -> subprocess.CompletedProcess:
+    def ssh(self, command: str, check=True, timeout=300, user=None) -> subprocess.CompletedProcess:
         hv = self.vars
         argv = [
             "ssh",
@@ -95,9 +102,17 @@ class Host:
             *shlex.split(hv["ansible_ssh_common_args"]),
             "-o",
             "BatchMode=yes",
-            f"{hv['ansible_user']}@{self.address}",
+            # One master connection per host, as tests/integration/conftest.py's LabHost.ssh (same directory).
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            "ControlPersist=30s",
+            "-o",
+            f"ControlPath={SSH_CONTROL_DIR}/%C",
+            f"{user or hv['ansible_user']}@{self.address}",
             command,
         ]
+        SSH_CONTROL_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
         return run(argv, check=check, timeout=timeout)
 
     def state(self) -> dict:
@@ -139,7 +154,9 @@ def host(lab_inventory):
     h = Host(Path(lab_inventory))
     yield h
     cleanup_pull(h)
-    # Back to the baseline the other lab tests expect: window 2048, no API key.
+    cleanup_plan_account(h)
+    # Back to the baseline the other lab tests expect: window 2048, no API key (as LabHost.restore_baseline:
+    # only the play that deploys SGLang, the lab inventory's stability window).
     run(
         [
             VENV_BIN / "ansible-playbook",
@@ -147,11 +164,11 @@ def host(lab_inventory):
             h.inventory,
             "--limit",
             f"{h.name},localhost",
-            "deploy.yml",
+            "playbooks/sglang.yml",
             "-e",
             "window=2048",
             "-e",
-            json.dumps({"sglang_stable_seconds": 6, "sglang_health_count": 2}),
+            json.dumps({"sglang_stable_seconds": 3, "sglang_health_count": 2}),
         ],
         env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
     )
@@ -165,6 +182,24 @@ def cleanup_pull(h: Host) -> None:
         " rm -rf /etc/sglang-pull /var/lib/sglang-pull /usr/local/sbin/sglang-pull; systemctl daemon-reload",
         check=False,
     )
+
+
+def cleanup_plan_account(h: Host) -> None:
+    """The plan account and its probe, set up by the base commit's deploy (other tests' hosts have none)."""
+    h.ssh(
+        "systemctl disable --now sglang-plan-probe.socket 2>/dev/null;"
+        " rm -f /etc/systemd/system/sglang-plan-probe.socket '/etc/systemd/system/sglang-plan-probe@.service'"
+        " /etc/sglang/sglang.plan-probe.json /usr/local/lib/sglang-deploy/plan-probe"
+        " /usr/local/lib/sglang-deploy/sglang_redact.py;"
+        f" systemctl daemon-reload; userdel -r {PLAN_USER} 2>/dev/null; groupdel {PLAN_USER} 2>/dev/null;"
+        " true",
+        check=False,
+    )
+
+
+def plan_public_key(h: Host) -> str:
+    # The lab's key logs in as the plan account too (a site gives the plan its own key pair).
+    return Path(h.vars["ansible_ssh_private_key_file"] + ".pub").read_text().strip()
 
 
 def tool_env() -> dict:
@@ -182,7 +217,7 @@ def git(repo: Path, *args, **kw) -> str:
     ).stdout.strip()
 
 
-def set_vars(repo: Path, window: int, key: str) -> None:
+def set_vars(repo: Path, window: int, key: str, plan_key: str) -> None:
     # The window is the group's setting (what a site changes in a pull request); the key and the fast
     # verification are this test's.
     gv = repo / "inventory" / "lab" / "group_vars" / "gpu_nodes" / "sglang.yml"
@@ -197,6 +232,7 @@ def set_vars(repo: Path, window: int, key: str) -> None:
     (repo / TEST_VARS).write_text(
         "---\n# tests/integration/test_gitops.py\n"
         f"sglang_api_key: {key}\nsglang_stable_seconds: 5\nsglang_health_count: 2\n"
+        f"sglang_plan_authorized_keys:\n  - {json.dumps(plan_key)}\n"
     )
 
 
@@ -207,13 +243,13 @@ def clone(host, tmp_path_factory):
     run(["git", "clone", "--quiet", "--no-hardlinks", REPO, repo])
     rel = host.inventory.relative_to(REPO)
     (repo / rel).write_text(host.inventory.read_text())
-    set_vars(repo, 2048, SECRET_A)
+    set_vars(repo, 2048, SECRET_A, plan_public_key(host))
     git(repo, "add", "-f", rel, TEST_VARS, "inventory/lab/group_vars/gpu_nodes/sglang.yml")
     git(repo, "commit", "--quiet", "-m", "base: window 2048")
     base = git(repo, "rev-parse", "HEAD")
     r = apply(repo, rel, base, tmp_path_factory.mktemp("apply-base"))
     assert r.returncode == 0, f"apply of the base commit failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
-    set_vars(repo, 4096, SECRET_B)
+    set_vars(repo, 4096, SECRET_B, plan_public_key(host))
     git(repo, "commit", "--quiet", "-am", "head: window 4096, rotate the API key")
     head = git(repo, "rev-parse", "HEAD")
     # The same data plus code: a task that check mode would run for real (check_mode: false).
@@ -249,8 +285,21 @@ def no_secret(*texts: str) -> None:
             assert secret not in text, "a secret value reached the output"
 
 
+def probe_runs(h: Host) -> int:
+    """How many times the plan account (its UID) has started the plan probe on this boot (systemd's
+    "Starting sglang-plan-probe@<n>-<pid>-<uid>.service ... (PID <pid>/UID <uid>)...")."""
+    uid = h.ssh(f"id -u {PLAN_USER}").stdout.strip()
+    r = h.ssh("journalctl -q -b -o cat -u 'sglang-plan-probe@*.service'", check=False)
+    if r.returncode != 0 and "No data available" in r.stderr:
+        return 0  # no probe unit has logged on this boot yet (journalctl finds no unit to filter by)
+    assert r.returncode == 0, r.stderr
+    journal = r.stdout
+    return sum(1 for line in journal.splitlines() if line.startswith("Starting ") and f"/UID {uid})" in line)
+
+
 def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
     before = host.state()
+    probes_before = probe_runs(host)
     # The head also changes code (a check_mode: false task writing a file): the plan runs the base's
     # code with the head's data, so the file never appears and the plan says the code changed. A CI
     # token in the plan job's environment reaches neither ansible nor the output.
@@ -302,6 +351,64 @@ def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
     # P12: nothing on the host changed.
     assert host.state() == before
     assert entry["invocation_id"] == before["InvocationID"]
+    # It connected as the plan account (the role's plan asserts a non-root uid) and asked the probe once.
+    assert "TASK [sglang : Check that the plan runs as the plan account, not as root]" in log
+    assert probe_runs(host) == probes_before + 1
+
+
+def test_plan_account_cannot_read_secrets_write_or_restart(host, clone):
+    """Real attempts as the plan account, each of which must fail; its probe's answer holds no secret."""
+    before = host.state()
+    pid = before["MainPID"]
+    attempts = {
+        "read the --config file": "cat /etc/sglang/sglang.yaml",
+        "read the environment file": "cat /etc/sglang/sglang.env",
+        "read the known-good record": "cat /var/lib/sglang-deploy/known-good/sglang.json",
+        "write the unit directory": "touch /etc/systemd/system/sglang.service.d-planted",
+        "replace the unit": "cp /dev/null /etc/systemd/system/sglang.service",
+        "restart the service": "systemctl restart sglang.service",
+        "stop the service": "systemctl stop sglang.service",
+        "signal the server": f"kill -TERM {pid}",
+        "read the server's environ": f"cat /proc/{pid}/environ",
+        "become root": "su -c id root </dev/null",
+    }
+    for what, command in attempts.items():
+        r = host.ssh(command, check=False, user=PLAN_USER, timeout=60)
+        assert r.returncode != 0, f"the plan account could {what}: {command} -> {r.stdout}{r.stderr}"
+        # Refused for want of the right, not for another reason (a typo, a missing file).
+        assert re.search(
+            r"Permission denied|Access denied|Operation not permitted|Authentication failure", r.stderr
+        ), f"{what}: {r.stderr}"
+        no_secret(r.stdout, r.stderr)
+    # Its journal access is the probe's: journalctl as the account shows none of the server's lines.
+    j = host.ssh("journalctl -q -b -u sglang.service --no-pager | head -5", check=False, user=PLAN_USER)
+    assert "server_args" not in j.stdout and "sglang" not in j.stdout.lower(), j.stdout
+    # The probe answers it (hashes, the journal, /server_info) with every secret redacted on the host;
+    # whatever the caller sends is ignored.
+    script = (
+        "import socket, sys; s = socket.socket(socket.AF_UNIX); "
+        f"s.connect('{PROBE_SOCKET}'); s.sendall(b'--config-dir /tmp\\n'); s.shutdown(socket.SHUT_WR); "
+        "sys.stdout.buffer.write(b''.join(iter(lambda: s.recv(65536), b'')))"
+    )
+    answer = host.ssh(f"python3 -c {shlex.quote(script)}", user=PLAN_USER).stdout
+    doc = json.loads(answer)
+    obs = doc["services"]["sglang"]
+    no_secret(answer)
+    assert (
+        obs["running"]["server_info"]["status"] == 200
+        and obs["running"]["server_info"]["status_without_key"] == 401
+    )
+    assert any("server_args=" in str(e.get("MESSAGE")) for e in obs["running"]["journal"]), (
+        "no server_args line"
+    )
+    real = host.ssh("sha256sum /etc/sglang/sglang.yaml | cut -d' ' -f1").stdout.strip()
+    assert obs["sha256"]["config"] == real
+    # root may connect; nobody else (not in the socket's group) may.
+    denied = host.ssh(
+        f"setpriv --reuid=nobody --regid=nogroup --clear-groups python3 -c {shlex.quote(script)}", check=False
+    )
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied.stderr
+    assert host.state() == before
 
 
 def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
@@ -526,7 +633,7 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
     assert "running " not in log and host.state() == after
     # A signed commit of another branch force-pushed to the pull branch is refused as well.
     git(repo, "checkout", "--quiet", "-b", "gitops-other", clone["head"])
-    set_vars(repo, 1024, SECRET_B)
+    set_vars(repo, 1024, SECRET_B, plan_public_key(host))
     git(repo, *sign, "commit", "--quiet", "-S", "-am", "pull: a signed commit of another branch")
     other = git(repo, "rev-parse", "HEAD")
     git(repo, "push", "--quiet", git_daemon["bare"], f"+{other}:refs/heads/{PULL_BRANCH}")
@@ -536,7 +643,7 @@ def test_pull_mode_applies_a_signed_commit_once(host, clone, git_daemon, tmp_pat
 
     # An unsigned commit is refused before any of its files is used; the server is untouched.
     git(repo, "checkout", "--quiet", PULL_BRANCH)
-    set_vars(repo, 8192, SECRET_B)
+    set_vars(repo, 8192, SECRET_B, plan_public_key(host))
     git(repo, "commit", "--quiet", "-am", "pull: unsigned commit")
     unsigned = git(repo, "rev-parse", "HEAD")
     git(repo, "push", "--quiet", git_daemon["bare"], f"+{PULL_BRANCH}:{PULL_BRANCH}")

@@ -222,3 +222,31 @@ def test_the_plans_ansible_gets_no_secret_from_the_environment(monkeypatch, tmp_
     assert env["ANSIBLE_PRIVATE_KEY_FILE"] == "/run/plan/id" and env["PATH"]
     # apply and drift keep their environment (the deploy needs its vault settings).
     assert gitops.ansible_env(REPO, tmp_path)["ANSIBLE_VAULT_PASSWORD_FILE"] == sentinel
+
+
+def test_the_plan_connects_as_the_plan_account_without_become(tmp_path):
+    # Extra variables: the highest precedence, so no inventory (a pull request's data included) can make
+    # the plan connect as root or with become.
+    args = type("Args", (), {"plan_user": None, "private_key": None})
+    assert gitops.plan_connection(args) == {"ansible_user": "sglang-plan", "ansible_become": False}
+    key = tmp_path / "plan_key"
+    key.write_text("not a real key\n")
+    args.plan_user, args.private_key = "site-plan", str(key)
+    assert gitops.plan_connection(args) == {
+        "ansible_user": "site-plan",
+        "ansible_become": False,
+        "ansible_ssh_private_key_file": str(key),
+    }
+
+
+@pytest.mark.parametrize("user", ["root", "Bad User", "-o", "x" * 40])
+def test_root_or_a_bad_plan_user_is_refused_naming_the_flag(user):
+    args = type("Args", (), {"plan_user": user, "private_key": None})
+    with pytest.raises(gitops.GitopsError, match=r"--plan-user .*not a non-root account name"):
+        gitops.plan_connection(args)
+
+
+def test_a_missing_plan_key_is_refused_naming_the_flag(tmp_path):
+    args = type("Args", (), {"plan_user": None, "private_key": str(tmp_path / "none")})
+    with pytest.raises(gitops.GitopsError, match=r"--private-key .*: no such file"):
+        gitops.plan_connection(args)

@@ -409,7 +409,10 @@ def host_section(name: str, report: dict, mode: str) -> str:
             out.append("changed (file metadata, or the file is missing)\n")
         out.append("\n")
     if report["env"].get("api_key_from_host"):
-        out.append("The API key was taken from the host: a key rotation does not show in this plan.\n\n")
+        out.append(
+            "The plan holds no secret: the --config file (the API key) was not compared, a key rotation "
+            "does not show in this plan.\n\n"
+        )
     return "".join(out)
 
 
@@ -663,6 +666,25 @@ def refused_report(meta: dict, errors: list[str]) -> str:
     )
 
 
+DEFAULT_PLAN_USER = "sglang-plan"
+
+
+def plan_connection(args) -> dict:
+    """Extra variables (the highest precedence: no inventory can override them) that make ansible connect
+    as the plan account, never root and without become (docs/gitops.md, trust model)."""
+    user = getattr(args, "plan_user", None) or DEFAULT_PLAN_USER
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user) or user == "root":
+        raise GitopsError(f"--plan-user {user!r}: not a non-root account name")
+    out = {"ansible_user": user, "ansible_become": False}
+    key = getattr(args, "private_key", None)
+    if key:
+        path = Path(key).expanduser().resolve()
+        if not path.is_file():
+            raise GitopsError(f"--private-key {key}: no such file")
+        out["ansible_ssh_private_key_file"] = str(path)
+    return out
+
+
 def inspect(tool: str, mode: str, args) -> int:
     """plan: the BASE revision's code (the checkout this runs from, or --base) with the pull request's
     data (--head), checked first; drift: everything from --ref."""
@@ -735,6 +757,7 @@ def inspect(tool: str, mode: str, args) -> int:
                 {
                     "gitops_report_dir": str(reports_dir),
                     "gitops_api_key_from_host": bool(args.secrets_from_host),
+                    **plan_connection(args),
                 }
             ),
         ]
