@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 LAB_HOSTS ?= 1
+LAB_ROUTERS ?= 0
 WINDOW ?= 2048
 # Where lab/build-wheelhouse puts the SGLang wheels (~2.9 GiB) and everything reads them from (exported:
 # lab/build-wheelhouse, lab/build-sglang-venv and the tests take it from the environment too). Root uses
@@ -25,7 +26,7 @@ help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
 	@echo "make check     quick feedback, no lab host, no root (<= 3 min): lint, unit tests (module docs included), suite ids"
 	@echo "make test      the whole suite: check, then lab server, lab tooling and integration in one run, molecule (<= 20 min warm)"
-	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts, write inventory/lab/hosts.yml"
+	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts + LAB_ROUTERS router hosts (default 0), write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
 # Controller toolchain (pinned in requirements.txt and requirements.yml).
@@ -66,7 +67,7 @@ replay:
 	$(PYTHON) lab/replay/build-wheel ddtree-pr29907 $(REPLAY_DIR)
 
 lab-up: deps venv replay
-	lab/labctl up --hosts $(LAB_HOSTS)
+	lab/labctl up --hosts $(LAB_HOSTS) --routers $(LAB_ROUTERS)
 
 lab-down:
 	lab/labctl down

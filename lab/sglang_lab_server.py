@@ -42,6 +42,9 @@ prompt's tokens are its words and punctuation), timings. Deterministic speculati
     really slept; a stream sends one SSE chunk per forward (cumulative text, as SGLang by default).
 
 Environment: SGLANG_LAB_LOAD_SECONDS (default 2: load time before the port opens),
+SGLANG_LAB_LOAD_UNTIL=<path> (the weight load lasts until <path> exists, polled every 0.2 s, at most
+SGLANG_LAB_LOAD_SECONDS; the rest of the start-up then takes ~0.5 s: a test ends a slow load when it is done
+with it instead of waiting out a fixed time),
 SGLANG_LAB_LOG_FORMAT=dict|dataclass (dataclass: the older `server_args=ServerArgs(...)` line, window
 key spelled `speculative_dflash_draft_window_size`), SGLANG_LAB_OLD_API=1 (an older server: only
 /get_server_info and /get_model_info, no deprecation warnings, old window key in the JSON),
@@ -205,6 +208,10 @@ def read_config(directory) -> dict:
 # recorded inputs are unchanged replays the stored result instead (ParseCache).
 PARSE_CACHE_FORMAT = 1
 PARSE_CACHE_ROOT_DIR = "/var/cache/sglang-lab-server"
+# Entries lab/labctl puts into every host at `up` (root's, read-only; kept from earlier hosts' caches, none
+# with an API key): looked up when the server's own directory has no entry for the key.
+PARSE_CACHE_SEED_DIR = "/var/cache/sglang-lab-server-seed"
+PARSE_CACHE_SEED_OWNER = 0
 PARSE_CACHE_MAX_ENTRIES = 64
 HASH_LIMIT = 64 << 20  # a larger file read during resolution is compared by size, mtime and inode
 # Set anew for every start by systemd or a shell, read by no parser: not part of the key.
@@ -397,6 +404,22 @@ def parse_cache_dir() -> str:
     import pwd
 
     return os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "sglang-lab-server")
+
+
+def seed_entry(key: str) -> tuple[str, bytes] | None:
+    """(path, content) of the seed entry of ``key``; None unless PARSE_CACHE_SEED_DIR is root's, root-only."""
+    path = os.path.join(PARSE_CACHE_SEED_DIR, key + ".json")
+    try:
+        st = os.lstat(PARSE_CACHE_SEED_DIR)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != PARSE_CACHE_SEED_OWNER or st.st_mode & 0o022:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if os.fstat(handle.fileno()).st_uid != PARSE_CACHE_SEED_OWNER:
+                return None
+            return path, handle.read()
+    except OSError:
+        return None
 
 
 def ensure_private_dir(path: str) -> None:
@@ -750,11 +773,14 @@ class ParseCache:
     arguments, the API key among them, as the startup line does); entries 0600, written atomically, at
     most PARSE_CACHE_MAX_ENTRIES (the least recently used go). An entry that cannot be read or parsed is
     reported in one log line, and the start parses with SGLang (and rewrites it).
+    Seed: without an entry of its own, the same key in PARSE_CACHE_SEED_DIR (lab/labctl's, owned by root and
+    writable by root only, else ignored; not with SGLANG_LAB_PARSE_CACHE_DIR), checked the same way.
     SGLANG_LAB_PARSE_CACHE=0: no cache. SGLANG_LAB_PARSE_CACHE_DIR: another directory."""
 
     def __init__(self, directory: str, key: str) -> None:
         self.directory, self.key = directory, key
         self.path = os.path.join(directory, key + ".json")
+        self.seed = None if os.environ.get("SGLANG_LAB_PARSE_CACHE_DIR") else seed_entry(key)
 
     @classmethod
     def open(cls, argv: list[str]) -> ParseCache | None:
@@ -779,25 +805,30 @@ class ParseCache:
         )
 
     def lookup(self) -> CachedResolution | None:
+        source = self.path
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as handle:
                 raw = handle.read()
         except FileNotFoundError:
-            return None
+            if self.seed is None:
+                return None
+            source, raw = self.seed  # a miss of the seed is parsed anew and stored in self.path
         except OSError as exc:
             return self.reject(f"unreadable: {exc}")
         try:
             cached = CachedResolution(json.loads(raw), self.key)
         except (ValueError, TypeError, KeyError, IndexError, SyntaxError, MemoryError, RecursionError) as exc:
-            return self.reject(f"corrupt: {type(exc).__name__}: {exc}")
+            seed = "" if source == self.path else f" (seed {source})"
+            return self.reject(f"corrupt{seed}: {type(exc).__name__}: {exc}")
         changed = cached.changed_input()
         if changed:
-            cache_log.debug(f"sglang-lab-server: parse cache miss: {changed} changed since {self.path}")
+            cache_log.debug(f"sglang-lab-server: parse cache miss: {changed} changed since {source}")
             return None
-        with contextlib.suppress(OSError):
-            os.utime(self.path)  # recently used: pruned last
-        cache_log.debug(f"sglang-lab-server: parse cache hit: {self.path}")
+        if source == self.path:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)  # recently used: pruned last
+        cache_log.debug(f"sglang-lab-server: parse cache hit: {source}")
         return cached
 
     def store(self, entry: dict) -> None:
@@ -974,6 +1005,7 @@ class Lab:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.load_seconds = env_float("SGLANG_LAB_LOAD_SECONDS", 2.0)
+        self.load_until = os.environ.get("SGLANG_LAB_LOAD_UNTIL") or None
         self.crash_after = env_float("SGLANG_LAB_CRASH_AFTER", None)
         self.hang, self.old_api = env_flag("SGLANG_LAB_HANG"), env_flag("SGLANG_LAB_OLD_API")
         self.spawn_child = env_flag("SGLANG_LAB_SPAWN_CHILD")
@@ -1083,10 +1115,12 @@ class Lab:
         s.info(f"Load weight begin. avail mem={avail:.2f} GB")
         if self.hang:
             self.hang_forever()
-        time.sleep(5 * share)
+        elapsed = self.load_weights(5 * share)
+        if self.load_until:  # the gate ended the load: the remaining phases take ~0.5 s in all
+            share = min(share, 0.1)
         avail -= weight_gb
         s.info(
-            f"Load weight end. elapsed={5 * share:.2f} s, type={(cfg.get('architectures') or ['?'])[0]}, "
+            f"Load weight end. elapsed={elapsed:.2f} s, type={(cfg.get('architectures') or ['?'])[0]}, "
             f"avail mem={avail:.2f} GB, mem usage={weight_gb:.2f} GB."
         )
         heads = cfg.get("num_attention_heads", 32)
@@ -1168,6 +1202,18 @@ class Lab:
         self.startup_time = startup_time.build_engine_startup_time(
             [self.scheduler_startup], tokenizer_e2e=time.monotonic() - self.t0
         )
+
+    def load_weights(self, seconds: float) -> float:
+        """The weight load: ``seconds``; with SGLANG_LAB_LOAD_UNTIL until that path exists (polled), at most
+        SGLANG_LAB_LOAD_SECONDS. -> the seconds it took."""
+        if not self.load_until:
+            time.sleep(seconds)
+            return seconds
+        start = time.monotonic()
+        deadline = start + self.load_seconds
+        while not os.path.exists(self.load_until) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return time.monotonic() - start
 
     def hang_forever(self) -> None:
         start = time.monotonic()

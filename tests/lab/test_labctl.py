@@ -1,13 +1,15 @@
 """lab/labctl against real systemd-nspawn hosts (root, systemd-container; ~10 s).
 
 Uses two hosts with high indices (LAB_TEST_FIRST_INDEX, default 240) and a temporary inventory, so
-it does not collide with lab hosts others are using. The tests run in file order on one pair of
-hosts; the last one stops them and checks that nothing is left behind.
+it does not collide with lab hosts others are using: `up --hosts 1 --routers 1`, a GPU node and a router
+host sharing the fleet network of their inventory. The tests run in file order on that pair of hosts;
+the last one stops them and checks that nothing is left behind (bridge included).
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -89,7 +91,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     inventory = tmp_path_factory.mktemp("lab") / "hosts.yml"
     for name in NAMES:
         assert not nspawn_pids(name), f"{name} already runs; set LAB_TEST_FIRST_INDEX to a free range"
-    up = labctl("up", "--hosts", "2", "--first-index", str(FIRST), "--inventory", str(inventory))
+    up = labctl(
+        "up", "--hosts", "1", "--routers", "1", "--first-index", str(FIRST), "--inventory", str(inventory)
+    )
     yield {"inventory": inventory, "up": up}
     labctl("down", "--inventory", str(inventory), check=False)
 
@@ -100,6 +104,9 @@ def test_up_reports_every_host_running(lab) -> None:
     for fields, name in zip(lines, NAMES):
         assert fields[1] == f"10.213.{name[3:]}.2"
         assert fields[3] == "running", fields
+        assert fields[5:] == (["router"] if name == NAMES[1] else ["gpu_node"]) + [
+            f"fleet=10.214.0.{name[3:]}"
+        ]
         assert nspawn_pids(name) == [state(name)["pid"]]
         assert Path(f"/run/sglang-lab/{name}/pid").read_text().strip() == str(state(name)["pid"])
 
@@ -107,10 +114,13 @@ def test_up_reports_every_host_running(lab) -> None:
 def test_inventory_groups_and_connection_vars(lab) -> None:
     inv = yaml.safe_load(lab["inventory"].read_text())
     groups = inv["all"]["children"]
-    assert list(groups["gpu_nodes"]["hosts"]) == NAMES
+    # The router host follows the GPU nodes and is not one of them.
+    assert list(groups["gpu_nodes"]["hosts"]) == NAMES[:1]
+    assert list(groups["routers"]["hosts"]) == NAMES[1:]
     assert list(groups["lab"]["hosts"]) == NAMES
     for name in NAMES:
-        hv = groups["gpu_nodes"]["hosts"][name]
+        hv = {**groups["gpu_nodes"]["hosts"], **groups["routers"]["hosts"]}[name]
+        assert hv["lab_fleet_address"] == f"10.214.0.{name[3:]}"
         assert hv["ansible_host"] == f"10.213.{name[3:]}.2"
         assert hv["ansible_user"] == "root"
         assert hv["ansible_ssh_private_key_file"] == str(KEY)
@@ -149,25 +159,47 @@ def test_machine_ids_differ(lab) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_host_sees_only_its_own_address(lab, name: str) -> None:
+    """Its /30 link to the controller and its fleet address; the other host's /30 is unreachable."""
     k = name[3:]
     proc = ssh(f"10.213.{k}.2", "ip -o -4 addr show; echo ---; ip -4 route show")
     addrs, routes = proc.stdout.split("---\n")
     found = sorted((ln.split()[1], ln.split()[3]) for ln in addrs.splitlines())
-    assert found == [("host0", f"10.213.{k}.2/30"), ("lo", "127.0.0.1/8")]
-    assert routes.split() == [
-        f"10.213.{k}.0/30",
-        "dev",
-        "host0",
-        "proto",
-        "kernel",
-        "scope",
-        "link",
-        "src",
-        f"10.213.{k}.2",
+    assert found == [("fleet0", f"10.214.0.{k}/24"), ("host0", f"10.213.{k}.2/30"), ("lo", "127.0.0.1/8")]
+    assert sorted(routes.splitlines()) == [
+        f"10.213.{k}.0/30 dev host0 proto kernel scope link src 10.213.{k}.2 ",
+        f"10.214.0.0/24 dev fleet0 proto kernel scope link src 10.214.0.{k} ",
     ]
     other = f"10.213.{int(k) + 1 if name == NAMES[0] else int(k) - 1}.2"
     proc = ssh(f"10.213.{k}.2", f"ip route get {other}")
     assert proc.returncode != 0 and "unreachable" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_fleet_network_joins_the_hosts_of_the_inventory_and_not_the_controller(lab) -> None:
+    """The router host reaches the GPU node's fleet address (its sshd there); the controller holds no
+    address on the bridge, so it routes nothing into the fleet network."""
+    gpu = f"10.214.0.{NAMES[0][3:]}"
+    probe = (
+        f"python3 -c 'import socket; socket.create_connection((\"{gpu}\", 22), timeout=5).close(); print(1)'"
+    )
+    proc = ssh(f"10.213.{NAMES[1][3:]}.2", probe)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "1"), proc.stderr
+    bridge = state(NAMES[0])["bridge"]
+    assert bridge == state(NAMES[1])["bridge"] and bridge.startswith("sgbr")
+    addrs = subprocess.run(
+        ["ip", "-o", "addr", "show", "dev", bridge], text=True, capture_output=True, check=True
+    )
+    assert addrs.stdout.strip() == "", addrs.stdout
+    ports = subprocess.run(["ip", "-o", "link", "show", "master", bridge], text=True, capture_output=True)
+    assert sorted(ln.split(":")[1].strip().split("@")[0] for ln in ports.stdout.splitlines()) == sorted(
+        f"vsf{n}" for n in NAMES
+    )
+    controller = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show"], text=True, capture_output=True, check=True
+    )
+    fleet = ipaddress.ip_network("10.214.0.0/16")
+    assert not [
+        ln for ln in controller.stdout.splitlines() if ipaddress.ip_interface(ln.split()[3]).ip in fleet
+    ]
 
 
 def test_payload_is_in_every_host(lab) -> None:
@@ -209,7 +241,17 @@ def test_ansible_reaches_hosts_through_the_inventory(lab) -> None:
 
 def test_second_up_keeps_running_hosts(lab) -> None:
     before = {name: state(name)["pid"] for name in NAMES}
-    again = labctl("up", "--hosts", "2", "--first-index", str(FIRST), "--inventory", str(lab["inventory"]))
+    again = labctl(
+        "up",
+        "--hosts",
+        "1",
+        "--routers",
+        "1",
+        "--first-index",
+        str(FIRST),
+        "--inventory",
+        str(lab["inventory"]),
+    )
     assert again.stdout.count("(already running)") == 2, again.stdout
     assert {name: state(name)["pid"] for name in NAMES} == before
     for name in NAMES:
@@ -234,12 +276,14 @@ def test_status_lists_hosts_up(lab) -> None:
 def test_down_leaves_nothing_behind(lab) -> None:
     pids = {name: state(name)["pid"] for name in NAMES}
     roots = {name: state(name)["root"] for name in NAMES}
+    bridge = state(NAMES[0])["bridge"]
     proc = labctl("down", "--inventory", str(lab["inventory"]))
     for name in NAMES:
         assert f"{name}\tdown\tpowered off (nspawn {pids[name]})" in proc.stdout, proc.stdout + proc.stderr
         assert nspawn_pids(name) == []
         assert not Path(f"/run/netns/sglab-{name}").exists()
         assert not Path(f"/sys/class/net/vsg{name}").exists()
+        assert not Path(f"/sys/class/net/vsf{name}").exists()
         mounts = Path("/proc/self/mountinfo").read_text()
         assert f"/var/lib/sglang-lab/hosts/{name}/" not in mounts
         assert not Path(roots[name]).parent.exists()
@@ -247,6 +291,8 @@ def test_down_leaves_nothing_behind(lab) -> None:
         assert f"{name}," not in KNOWN_HOSTS.read_text()
     netns = subprocess.run(["ip", "netns", "list"], text=True, capture_output=True, check=True).stdout
     assert not any(ln.split()[0] in {f"sglab-{n}" for n in NAMES} for ln in netns.splitlines())
+    assert f"bridge {bridge}\tdeleted" in proc.stdout
+    assert not Path(f"/sys/class/net/{bridge}").exists()
     assert not lab["inventory"].exists()
     assert list(Path("/var/cache/sglang-lab").glob("rootfs-*/.sglang-lab-complete")), (
         "base rootfs was removed"

@@ -395,6 +395,9 @@ def test_warmup_drain_sigterm_and_surviving_child(tmp_path, models):
         server.proc.send_signal(signal.SIGTERM)
         server.wait_log(r"Gracefully exiting\.\.\. Remaining number of requests 1\.", timeout=5)
         assert server.request("/health")[0] == 503
+        # As SGLang 0.5.23: a NEW generation request during the drain is still accepted and answered.
+        late = server.request("/generate", body={"text": "y", "sampling_params": {"max_new_tokens": 4}})
+        assert late[0] == 200 and json.loads(late[1])["meta_info"]["completion_tokens"] == 4, late
         worker.join(30)
         assert result["status"] == 200 and result["raw"].endswith(b"data: [DONE]\n\n")
         assert server.wait_exit(timeout=10) == 0
@@ -453,6 +456,32 @@ def test_hang_never_opens_the_port(tmp_path, models):
         assert server.wait_exit(timeout=10) == 0
     finally:
         server.stop()
+
+
+def test_load_gate_ends_the_weight_load_when_its_path_appears(tmp_path):
+    """SGLANG_LAB_LOAD_UNTIL (Lab.load_weights, in this interpreter: the server imports only the standard
+    library at the top): the load ends once the path exists, at the latest after SGLANG_LAB_LOAD_SECONDS;
+    without it the phase takes its share of the load time."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("sglang_lab_server_gate", SERVER)
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    gate = tmp_path / "gate"
+    opened = threading.Timer(0.6, gate.touch)
+    opened.start()
+    try:
+        took = lab.Lab.load_weights(types.SimpleNamespace(load_until=str(gate), load_seconds=30.0), 15.0)
+    finally:
+        opened.cancel()
+    assert 0.5 <= took < 5, took  # the gate, not the 15 s share nor the 30 s bound
+    started = time.monotonic()
+    took = lab.Lab.load_weights(
+        types.SimpleNamespace(load_until=str(tmp_path / "never"), load_seconds=1.0), 15.0
+    )
+    assert 1.0 <= took < 5 and time.monotonic() - started < 5, took  # at most SGLANG_LAB_LOAD_SECONDS
+    assert lab.Lab.load_weights(types.SimpleNamespace(load_until=None, load_seconds=2.0), 0.3) == 0.3
 
 
 def test_port_in_use_fails_after_load_like_uvicorn(tmp_path, models):

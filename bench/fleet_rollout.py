@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Wall time of the rolling deploy through the router (issue 17) on lab GPU hosts behind a lab router.
+
+Two figures, printed (asserts nothing):
+  1. a window change rolled through 2 hosts (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time
+     beyond the sum of each host's drain (the "drained in X s" the run reports) and server start (restart
+     request -> ready, the verified restart's timings in the host's history), in total and per host
+     (target <= 5 s per host); the stability window (sglang_stable_seconds) is shown apart;
+  2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts (target: 4 hosts <= 1.5x 1 host).
+
+Brings up `--hosts 4 --routers 1` lab hosts from --first-index (its own inventory
+inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048 to all of them once (not measured),
+measures, and takes exactly those hosts down. Needs root, the SGLang layer and the wheelhouse (smg/ too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSIBLE = ROOT / ".venv" / "bin"
+LABCTL = ROOT / "lab" / "labctl"
+
+
+class Bench:
+    def __init__(self, index: int) -> None:
+        self.inventory = ROOT / "inventory" / "lab" / f"fleet-bench-{index}.yml"
+        self.gpu = [f"lab{index + k}" for k in range(4)]
+        self.router = f"lab{index + 4}"
+        self.index = index
+        self.keys = {"sglang_router_admin_key": secrets.token_hex(16)}
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+
+    def play(
+        self, playbook: str, *args: str, extra: dict | None = None, profile: bool = False
+    ) -> tuple[float, str]:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-extra-") as handle:
+            json.dump({**self.keys, "sglang_stable_seconds": 3, **(extra or {})}, handle)
+            handle.flush()
+            argv = [
+                str(ANSIBLE / "ansible-playbook"),
+                "-i",
+                str(self.inventory),
+                playbook,
+                "-e",
+                "@" + handle.name,
+            ]
+            env = self.env()
+            if profile:  # ansible.posix's profile_tasks: each task's seconds, the slowest listed at the end
+                env.update(
+                    ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
+                    PROFILE_TASKS_TASK_OUTPUT_LIMIT="15",
+                )
+            start = time.monotonic()
+            r = subprocess.run(
+                [*argv, *args],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+            )
+            wall = time.monotonic() - start
+        if r.returncode != 0:
+            sys.stdout.write(r.stdout[-4000:] + r.stderr[-2000:])
+            sys.exit(f"{playbook} {' '.join(args)} failed (rc {r.returncode})")
+        return wall, r.stdout
+
+    def last_timings(self, host: str) -> dict:
+        out = subprocess.run(
+            [
+                str(ANSIBLE / "ansible"),
+                "-i",
+                str(self.inventory),
+                host,
+                "-m",
+                "sglang_history",
+                "-a",
+                "limit=1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**self.env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"},
+        ).stdout
+        return json.loads(out)["plays"][0]["tasks"][0]["hosts"][host]["records"][-1]["timings"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--first-index", type=int, default=150, help="lab<K>..lab<K+4> (4 GPU hosts, 1 router)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="no-change runs per host count (the minimum is shown)"
+    )
+    args = parser.parse_args()
+    bench = Bench(args.first_index)
+    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "4", "--routers", "1"]
+    up += ["--first-index", str(args.first_index), "--inventory", str(bench.inventory)]
+    subprocess.run(up, check=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+    try:
+        bench.play("deploy.yml", "-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
+        two = ",".join(bench.gpu[:2])
+        wall, out = bench.play("playbooks/sglang.yml", "-e", "window=4096", "--limit", two, profile=True)
+        drains = {h: float(s) for h, s in re.findall(r"(lab\d+) left lab\d+: drained in ([0-9.]+) s", out)}
+        rows, accounted = [], 0.0
+        for host in bench.gpu[:2]:
+            t = bench.last_timings(host)
+            start, stable = t["started_to_ready"], t["stable"] - t["ready"]
+            accounted += drains.get(host, 0.0) + start
+            rows.append((host, drains.get(host), start, stable))
+        beyond = wall - accounted
+        print(f"rollout of 2 hosts (window 2048 -> 4096, batch 1): {wall:.1f} s wall")
+        for host, drain, start, stable in rows:
+            print(f"  {host}: drain {drain} s, server start->ready {start:.2f} s, stability {stable:.2f} s")
+        print("  slowest tasks of that run (both hosts' batches, ansible.posix profile_tasks):")
+        for task, seconds in re.findall(r"^(.+?) -{2,} +([0-9.]+s)$", out, re.M):
+            print(f"    {seconds:>8}  {task.strip()}")
+        stable_sum = sum(r[3] for r in rows)
+        print(
+            f"  beyond drain + start: {beyond:.1f} s = {beyond / 2:.1f} s per host (target <= 5 s); "
+            f"without the stability windows: {(beyond - stable_sum) / 2:.1f} s per host"
+        )
+        # All four hosts on window 4096 (not measured), then no-change runs on 1, 2 and 4 of them.
+        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
+        figures = {}
+        for n in (1, 2, 4):
+            limit = ",".join(bench.gpu[:n])
+            runs = [
+                bench.play("playbooks/sglang.yml", "-e", "window=4096", "--limit", limit)
+                for _ in range(args.runs)
+            ]
+            assert all(
+                "changed=0" in line for _, out in runs for line in out.splitlines() if " : ok=" in line
+            )
+            figures[n] = min(wall for wall, _ in runs)
+        for n, seconds in figures.items():
+            print(f"no-change run, {n} GPU host(s): {seconds:.1f} s ({seconds / figures[1]:.2f}x one host)")
+        print("target: 4 hosts <= 1.5x one host")
+    finally:
+        subprocess.run([str(LABCTL), "down", "--inventory", str(bench.inventory)], check=False, cwd=ROOT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

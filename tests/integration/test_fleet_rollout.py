@@ -1,0 +1,679 @@
+"""A fleet behind the SGLang router (issue 17): two lab GPU hosts and a router host, a rolling deploy.
+
+The module fixture brings up lab$FLEET_LAB_INDEX and the next index as GPU hosts (gpu_nodes) and the one
+after as the router host (group routers), with the SGLang layer and the fleet network that `labctl up
+--routers 1` gives the hosts of one inventory (the router reaches the workers at 10.214.0.K). On the fresh
+hosts it first runs `playbooks/router.yml --check --diff` (nothing may be installed or started), then
+`deploy.yml -e window=2048` once: SGLang on both GPU hosts, then smg on the router host in front of them.
+The inventory is inventory/lab/fleet-<index>.yml (gitignored; inventory/lab/group_vars apply). The router's
+admin key and its client key (sglang_router_worker_api_key) are random per run and go in as `-e @file`
+only. In file order:
+  - the router role on its own host (formerly test_router_role.py on a host of its own): check mode on the
+    fresh host, the deploy order, /readiness and /workers, the listener in the unit's cgroup, no key in any
+    cmdline / the unit / the output, 401 without the keys;
+  1. window 2048 -> 4096 rolls through both hosts while lab/loadgen streams through the router: no
+     non-2xx, no truncated stream, at least one ready worker in every sample of the router's list, no
+     generation request reaching a host between two samples that show it out of the router, both hosts
+     on new invocations serving the new window and listed with their new invocation as label;
+  2. a configuration that crashes after start: the canary (first host) is rolled back and rejoins the
+     router with its old configuration, the run fails and stops, the second host is untouched, the
+     router never has zero ready workers;
+  3. the same deploy again is changed=0 on all three hosts: no invocation changes, the router's list
+     neither;
+  4. a request longer than sglang_drain_timeout under sglang_drain_policy=fail: the worker is back in the
+     router with its running invocation, the run fails, the host's files, pending marker and invocation
+     are as they were (the refusal comes before anything is written), the request completes;
+  5. the same under force: restarted anyway, the request in flight reported (SGLang's SIGTERM drain, as
+     the lab server's, still finishes it: observed and asserted);
+  6. the capacity guard refuses when the other worker is unhealthy (its server stopped), host untouched;
+  7. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
+     same URL, the router's list never empty, the router itself untouched;
+  8. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
+Not here: more than one router (docs/router.md, "NOT verified").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+LABCTL = REPO / "lab" / "labctl"
+LOADGEN = REPO / "lab" / "loadgen"
+WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
+INDEX = int(os.environ.get("FLEET_LAB_INDEX", "150"))
+GPU = [f"lab{INDEX}", f"lab{INDEX + 1}"]
+ROUTER = f"lab{INDEX + 2}"
+INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}.yml"
+# The same fleet with the second GPU host under another inventory name (test 7; gitignored too).
+RENAMED_INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}-renamed.yml"
+RENAMED = f"lab{INDEX + 1}b"
+ROUTER_URL = f"http://10.213.{INDEX + 2}.2:30000"
+FAST = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
+CHAT = "POST /v1/chat/completions"
+FILES = "sha256sum /etc/systemd/system/sglang.service /etc/sglang/sglang.env /etc/sglang/sglang.yaml"
+PENDING = "/var/lib/sglang-deploy/sglang.pending.json"
+ROUTER_UNIT = "sglang-router.service"
+ROUTER_UNIT_PATH = f"/etc/systemd/system/{ROUTER_UNIT}"
+ROUTER_METRICS_PORT = 29000
+# Runs on the router host as `python3 -c PROBE`, its input on stdin (never on a command line): the keys to
+# look for in every /proc/<pid>/cmdline, and HTTP requests to the router ([method, path, bearer, JSON body]).
+PROBE = r"""
+import json, os, sys, urllib.error, urllib.request
+given = json.load(sys.stdin)
+cmdlines, holders = {}, []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        continue
+    cmdlines[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    if any(k.encode() in raw for k in given["keys"]):
+        holders.append(pid)
+answers = []
+for method, path, bearer, body in given["requests"]:
+    request = urllib.request.Request(f"http://127.0.0.1:{given['port']}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+    request.add_header("Content-Type", "application/json")
+    if bearer is not None:
+        request.add_header("Authorization", "Bearer " + bearer)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            answers.append([r.status, r.read().decode()])
+    except urllib.error.HTTPError as e:
+        answers.append([e.code, e.read().decode()])
+print(json.dumps({"cmdlines": cmdlines, "holders": holders, "answers": answers}))
+"""
+# One long non-streaming chat completion straight to a worker, from the router host (the controller has
+# no address on the fleet network). The lab server generates max_tokens tokens at its synthetic pace:
+# 15000 tokens took 25.5 s at window 4096/8192, 30000 50.8 s (measured, ~1.7 ms a token). It must still run
+# when the deploy reaches the drain: 25-36 s into a run (measured; longer on a busy machine). Prints status,
+# whether the answer was complete, seconds.
+LONG_TOKENS = 36000
+LONG = r"""
+import json, sys, time, urllib.error, urllib.request
+url, tokens = sys.argv[1], int(sys.argv[2])
+body = {"model": "lab-target", "messages": [{"role": "user", "content": "a long answer"}],
+        "max_tokens": tokens}
+request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+start, status, complete, detail = time.time(), None, False, ""
+try:
+    with urllib.request.urlopen(request, timeout=300) as r:
+        status, answer = r.status, json.loads(r.read())
+        complete = answer["usage"]["completion_tokens"] == tokens
+except urllib.error.HTTPError as e:
+    status, detail = e.code, e.read()[:300].decode(errors="replace")
+except (OSError, ValueError, KeyError) as e:
+    detail = f"{type(e).__name__}: {e}"
+print(json.dumps({"status": status, "complete": complete, "start": start, "seconds": time.time() - start,
+                  "detail": detail}))
+"""
+
+
+def ansible_env() -> dict[str, str]:
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+    )
+
+
+class Fleet:
+    def __init__(self, keys: dict[str, str]):
+        self.keys = keys
+        self.admin_key = keys["sglang_router_admin_key"]
+        self.client_key = keys["sglang_router_worker_api_key"]
+        inv = yaml.safe_load(INVENTORY.read_text())["all"]["children"]
+        self.hv = {**inv["gpu_nodes"]["hosts"], **inv["routers"]["hosts"]}
+        self.runs: list[str] = []  # every ansible-playbook output, for the "no key printed" check
+
+    def ssh_argv(self, host: str, command: str) -> list[str]:
+        hv = self.hv[host]
+        argv = ["ssh", "-i", hv["ansible_ssh_private_key_file"], *shlex.split(hv["ansible_ssh_common_args"])]
+        return argv + ["-o", "BatchMode=yes", f"root@{hv['ansible_host']}", command]
+
+    def ssh(self, host: str, command: str, stdin: str | None = None) -> str:
+        r = subprocess.run(
+            self.ssh_argv(host, command), input=stdin, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, f"ssh {host} {command[:80]!r}: {r.stderr}"
+        return r.stdout
+
+    def playbook(
+        self,
+        *args: str,
+        extra: dict | None = None,
+        playbook: str = "deploy.yml",
+        inventory: Path = INVENTORY,
+    ):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="fleet-extra-") as handle:
+            json.dump({**self.keys, **FAST, **(extra or {})}, handle)
+            handle.flush()
+            argv = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), playbook, "-e", "@" + handle.name, *args]
+            start = time.monotonic()
+            r = subprocess.run(
+                argv, cwd=REPO, env=ansible_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True
+            )
+            print(f"{playbook} {' '.join(args)}: rc {r.returncode} in {time.monotonic() - start:.0f} s")
+        self.runs.append(r.stdout + r.stderr)
+        return r
+
+    def invocation(self, host: str, unit: str = "sglang.service") -> str:
+        return self.ssh(host, f"systemctl show -p InvocationID --value {unit}").strip()
+
+    def invocations(self) -> dict[str, str]:
+        return {h: self.invocation(h) for h in GPU} | {ROUTER: self.invocation(ROUTER, ROUTER_UNIT)}
+
+    def unit(self, host: str = ROUTER, name: str = ROUTER_UNIT) -> dict[str, str]:
+        out = self.ssh(
+            host, f"systemctl show -p InvocationID -p ActiveState -p MainPID -p ControlGroup {name}"
+        )
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def probe(self, *requests: list) -> dict:
+        """PROBE on the router host: the keys in any cmdline, and the router's answers to ``requests``."""
+        given = {"keys": list(self.keys.values()), "port": 30000, "requests": [list(r) for r in requests]}
+        return json.loads(self.ssh(ROUTER, f"python3 -c {shlex.quote(PROBE)}", stdin=json.dumps(given)))
+
+    def url(self, host: str) -> str:
+        return f"http://{self.hv[host]['lab_fleet_address']}:30000"
+
+    def server_info(self, host: str) -> dict:
+        url = self.url(host) + "/server_info"
+        code = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
+        return json.loads(self.ssh(host, f"python3 -c {shlex.quote(code)}"))
+
+    def inflight(self, host: str) -> int:
+        url = self.url(host) + "/v1/loads?include=core"
+        code = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
+        loads = json.loads(self.ssh(ROUTER, f"python3 -c {shlex.quote(code)}"))["loads"]
+        return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
+
+    def start_long_request(self, host: str, tokens: int) -> subprocess.Popen:
+        """LONG straight to the worker on ``host`` (from the router host); returns once it is in flight."""
+        command = f"python3 -c {shlex.quote(LONG)} {self.url(host)} {tokens}"
+        proc = subprocess.Popen(
+            self.ssh_argv(ROUTER, command), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+        )
+        deadline = time.monotonic() + 20
+        while self.inflight(host) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "the long request never got in flight"
+            time.sleep(0.2)
+        return proc
+
+    def chat_arrivals(self, host: str, since: float) -> list[float]:
+        """Wall times at which the worker began answering a chat completion (its access log line)."""
+        out = self.ssh(
+            host, f"journalctl -u sglang.service -o short-unix --no-pager --since @{int(since) - 1}"
+        )
+        return [float(line.split()[0]) for line in out.splitlines() if CHAT in line]
+
+    def workers(self) -> list[dict]:
+        request = urllib.request.Request(
+            ROUTER_URL + "/workers", headers={"Authorization": f"Bearer {self.admin_key}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.loads(r.read())["workers"]
+
+    def listed(self, host: str) -> list[tuple[str, str | None]]:
+        """(status, sglang_invocation label) of each router entry with ``host``'s URL."""
+        return [
+            (w["status"], w["labels"].get("sglang_invocation"))
+            for w in self.workers()
+            if w["url"] == self.url(host)
+        ]
+
+    def start_load(self, out: Path, clients: int = 3) -> subprocess.Popen:
+        argv = [sys.executable, str(LOADGEN), "--router", ROUTER_URL, "--clients", str(clients)]
+        argv += ["--duration", "400", "--max-requests", "20000", "--sample-interval", "0.3"]
+        env = dict(os.environ, LOADGEN_ADMIN_KEY=self.admin_key, LOADGEN_API_KEY=self.client_key)
+        with out.open("w") as handle:
+            return subprocess.Popen(argv, stdout=handle, env=env, cwd=REPO)
+
+
+def long_result(proc: subprocess.Popen) -> dict:
+    out, _ = proc.communicate(timeout=300)
+    result = json.loads(out)
+    print(f"long request: {result}")
+    return result
+
+
+def load_failures(result: dict) -> int:
+    return result["non_2xx"] + result["truncated"] + result["errors"]
+
+
+def stop_load(proc: subprocess.Popen, out: Path) -> dict:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=180) == 0
+    return json.loads(out.read_text())
+
+
+def why(r: subprocess.CompletedProcess) -> str:
+    """The failed tasks of a run (the end of its output when none is marked)."""
+    found = [m.start() for m in re.finditer(r"^(fatal|failed): ", r.stdout, re.M)]
+    return "\n".join(r.stdout[i : i + 2500] for i in found[:3]) or (r.stdout[-4000:] + r.stderr[-2000:])
+
+
+def rolling_play(stdout: str) -> str:
+    """The output of playbooks/sglang.yml's rolling play (the second SGLang play), all its batches."""
+    # Every batch of it (serial) prints the play's header again; the router play or the recap ends it.
+    rest = stdout.split("PLAY [Deploy SGLang and verify the running server]", 1)[1]
+    for end in ("\nPLAY [Deploy the SGLang router", "\nPLAY RECAP"):
+        rest = rest.split(end, 1)[0]
+    return rest
+
+
+def recap(stdout: str) -> dict[str, str]:
+    return dict(re.findall(r"^(\S+)\s+:\s+(ok=.*)$", stdout, re.M))
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    if os.geteuid() != 0 or not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip("lab hosts need root and the controller toolchain (.venv)")
+    if not any(WHEELHOUSE.glob("sglang-*.whl")) or not any((WHEELHOUSE / "smg").glob("smg-1.13.0-*.whl")):
+        pytest.fail(f"no sglang or smg 1.13.0 wheel in {WHEELHOUSE}: run `make wheelhouse` first")
+    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "2", "--routers", "1", "--first-index", str(INDEX)]
+    subprocess.run([*up, "--inventory", str(INVENTORY)], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
+    try:
+        lab = Fleet(
+            {
+                "sglang_router_admin_key": "admin-" + secrets.token_hex(16),
+                "sglang_router_worker_api_key": "client-" + secrets.token_hex(16),
+            }
+        )
+        # Check mode BEFORE the first real router deploy: on the fresh router host it installs and starts
+        # nothing.
+        lab.fresh = lab.unit()
+        lab.check = lab.playbook("--check", "--diff", playbook="playbooks/router.yml")
+        lab.after_check = lab.unit()
+        lab.after_check_files = lab.ssh(
+            ROUTER, "ls -d /opt/sglang-router /etc/sglang-router 2>/dev/null || true"
+        )
+        # The first deploy has no router to leave yet (the router play comes last): all hosts at once.
+        lab.deploy = lab.playbook("-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
+        assert lab.deploy.returncode == 0, why(lab.deploy)
+        lab.deployed = lab.unit()
+        lab.sglang = {h: lab.invocation(h) for h in GPU}
+        yield lab
+    finally:
+        subprocess.run([str(LABCTL), "down", "--inventory", str(INVENTORY)], check=False, cwd=REPO)
+        RENAMED_INVENTORY.unlink(missing_ok=True)
+
+
+def out_of_router_windows(samples: list, url: str) -> list[tuple[float, float]]:
+    """(first, last) sample times of each run of consecutive samples that do not list the URL."""
+    windows, run = [], []
+    for when, _ready, listed in samples:
+        if isinstance(listed, list) and url not in listed:
+            run.append(when)
+        elif run:
+            windows.append((run[0], run[-1]))
+            run = []
+    if run:
+        windows.append((run[0], run[-1]))
+    return windows
+
+
+# ---- the router role on its own host (formerly tests/integration/test_router_role.py) ----
+
+
+def test_check_mode_on_a_fresh_host_installs_and_starts_nothing(fleet):
+    r = fleet.check
+    assert r.returncode == 0, why(r)
+    out = " ".join(r.stdout.split())
+    assert "Would install smg==1.13.0 into /opt/sglang-router/venv from wheelhouse (installed: none)" in out
+    assert f"Would (re)start {ROUTER_UNIT} and verify it" in out
+    assert fleet.fresh["ActiveState"] == fleet.after_check["ActiveState"] == "inactive"
+    assert fleet.after_check["InvocationID"] == ""
+    assert fleet.after_check_files.strip() == ""
+
+
+def test_deploy_runs_sglang_then_the_router_and_verifies_it(fleet):
+    r = fleet.deploy
+    plays = re.findall(r"^PLAY \[(.*?)\]", r.stdout, re.M)
+    assert plays[-2:] == [
+        "Deploy SGLang and verify the running server",
+        "Deploy the SGLang router and verify it",
+    ]
+    unit = fleet.deployed
+    assert unit["ActiveState"] == "active"
+    assert unit["InvocationID"] not in ("", fleet.fresh["InvocationID"])
+    out = " ".join(r.stdout.split())
+    assert f"sglang-router: ActiveState=active, InvocationID={unit['InvocationID']}" in out
+    ready = re.search(r"workers ready: \[([^\]]*)\]", out)
+    assert ready, out[-3000:]
+    assert sorted(re.findall(r"http://[0-9.]+:\d+", ready.group(1))) == sorted(fleet.url(h) for h in GPU)
+    assert re.search(r"TASK \[sglang_router : Install smg from the wheelhouse\] \**\nchanged:", r.stdout)
+
+
+def test_router_is_ready_and_lists_its_worker_ready(fleet):
+    answers = fleet.probe(["GET", "/readiness", None, None], ["GET", "/workers", fleet.admin_key, None])[
+        "answers"
+    ]
+    ready, workers = answers
+    assert ready[0] == 200
+    assert json.loads(ready[1]) == {"status": "ready", "healthy_workers": 2, "total_workers": 2}
+    assert workers[0] == 200
+    listed = json.loads(workers[1])["workers"]
+    assert sorted((w["url"], w["status"], w["is_healthy"]) for w in listed) == sorted(
+        (fleet.url(h), "ready", True) for h in GPU
+    )
+    assert {w["labels"]["served_model_name"] for w in listed} == {"lab-target"}
+
+
+def test_the_listener_is_the_units_main_process_in_its_cgroup(fleet):
+    unit = fleet.unit()
+    listeners = fleet.ssh(ROUTER, "ss -Hltnp 'sport = :30000'")
+    assert set(re.findall(r"pid=(\d+)", listeners)) == {unit["MainPID"]}, listeners
+    assert unit["ControlGroup"] == f"/system.slice/{ROUTER_UNIT}"
+    # systemd's hierarchy: "0::<path>" (cgroup v2) and/or "N:name=systemd:<path>" (hybrid, as in the lab).
+    lines = fleet.ssh(ROUTER, f"cat /proc/{unit['MainPID']}/cgroup").split()
+    systemd = [line.split(":", 2)[2] for line in lines if line.split(":", 2)[1] in ("", "name=systemd")]
+    assert systemd and set(systemd) == {unit["ControlGroup"]}, lines
+    metrics = fleet.ssh(ROUTER, f"ss -Hltnp 'sport = :{ROUTER_METRICS_PORT}'")
+    assert set(re.findall(r"pid=(\d+)", metrics)) == {unit["MainPID"]}, metrics
+
+
+def test_no_key_is_in_any_cmdline_the_unit_or_the_output(fleet):
+    seen = fleet.probe()
+    main_pid = fleet.unit()["MainPID"]
+    # The scan saw the router itself (smg names its process), and no process holds a key.
+    assert seen["cmdlines"][main_pid].startswith("smg::router"), seen["cmdlines"]
+    assert seen["holders"] == []
+    unit_text = fleet.ssh(ROUTER, f"cat {ROUTER_UNIT_PATH}")
+    assert "ExecStart=" in unit_text and "--worker-urls " + fleet.url(GPU[0]) in unit_text
+    files = fleet.ssh(ROUTER, "stat -c '%U %a %n' /etc/sglang-router /etc/sglang-router/*").split("\n")
+    assert files[:3] == [
+        "root 700 /etc/sglang-router",
+        "root 600 /etc/sglang-router/admin_key",
+        "root 600 /etc/sglang-router/worker_api_key",
+    ]
+    for key in fleet.keys.values():
+        assert key not in unit_text
+        assert all(key not in out for out in fleet.runs)
+
+
+def test_a_wrong_admin_key_gets_401_and_the_worker_key_is_in_force(fleet):
+    admin, client = fleet.admin_key, fleet.client_key
+    chat = {"model": "lab-target", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    wrong, missing, right, anonymous, answered = fleet.probe(
+        ["GET", "/workers", "not-" + admin, None],
+        ["GET", "/workers", None, None],
+        ["GET", "/workers", admin, None],
+        ["POST", "/v1/chat/completions", None, chat],
+        ["POST", "/v1/chat/completions", client, chat],
+    )["answers"]
+    assert wrong == [401, "Invalid authentication token"]
+    assert missing == [401, "Missing or invalid Authorization header"]
+    assert right[0] == 200
+    # smg's --api-key (the workers' key, from its credential) also guards the router's own API.
+    assert anonymous[0] == 401 and json.loads(anonymous[1])["error"]["code"] == "invalid_api_key"
+    assert answered[0] == 200 and json.loads(answered[1])["object"] == "chat.completion", answered
+
+
+# ---- the rolling deploy ----
+
+
+def test_window_change_rolls_through_both_hosts_under_load_with_zero_failed_requests(fleet, tmp_path):
+    before = {h: fleet.invocation(h) for h in GPU}
+    router_before = fleet.invocation(ROUTER, "sglang-router.service")
+    out = tmp_path / "load.json"
+    load = fleet.start_load(out)
+    try:
+        time.sleep(2)  # the load runs before the first host leaves
+        r = fleet.playbook("-e", "window=4096", playbook="playbooks/sglang.yml")
+    finally:
+        result = stop_load(load, out)
+    assert r.returncode == 0, why(r)
+    failed = result["non_2xx"] + result["truncated"] + result["errors"]
+    print(
+        f"FAILED REQUESTS: {failed} of {result['requests']} (non-2xx {result['non_2xx']}, truncated "
+        f"{result['truncated']}, no answer {result['errors']}); router samples: {len(result['samples'])}"
+    )
+    assert failed == 0, result["failures"]
+    assert result["requests"] > 100
+    samples = result["samples"]
+    assert len(samples) > 50
+    assert all(ready is not None and len(ready) >= 1 for _, ready, _ in samples), [
+        s for s in samples if not s[1]
+    ][:5]
+    # Each host left and rejoined, one at a time (host by host: never both out).
+    assert min(len(listed) for _, _, listed in samples) == 1
+    for host in GPU:
+        url = f"http://{fleet.hv[host]['lab_fleet_address']}:30000"
+        windows = out_of_router_windows(samples, url)
+        assert len(windows) == 1, (host, windows)
+        first, last = windows[0]
+        arrivals = fleet.chat_arrivals(host, result["started"])
+        late = [t for t in arrivals if first + 0.3 < t < last]
+        print(
+            f"{host}: out of the router {last - first:.1f} s; {len(arrivals)} chat requests, {len(late)} then"
+        )
+        assert arrivals and not late
+        # A new invocation serves the new window, and the router lists it with that invocation as label.
+        after = fleet.invocation(host)
+        assert after and after != before[host]
+        assert fleet.server_info(host)["speculative_draft_window_size"] == 4096
+        listed = [w for w in fleet.workers() if w["url"] == url]
+        assert [(w["status"], w["labels"].get("sglang_invocation")) for w in listed] == [("ready", after)]
+    assert fleet.invocation(ROUTER, "sglang-router.service") == router_before
+    # The first play (both hosts at once) only decided; the rolling play left, restarted and rejoined.
+    rolling = rolling_play(r.stdout)
+    assert rolling.index(f"{GPU[0]} left {ROUTER}") < rolling.index(f"{GPU[1]} left {ROUTER}")
+    assert rolling.index(f"{GPU[0]} left {ROUTER}") < rolling.index("TASK [sglang : Rejoin the router")
+
+
+def test_crashing_configuration_on_the_canary_rolls_back_rejoins_and_stops_the_rollout(fleet, tmp_path):
+    canary, other = GPU
+    before = {h: fleet.invocation(h) for h in GPU}
+    other_files = fleet.ssh(other, FILES)
+    out = tmp_path / "load.json"
+    load = fleet.start_load(out)
+    try:
+        time.sleep(2)
+        crash = {"sglang_environment": {"SGLANG_LAB_CRASH_AFTER": "3"}}
+        r = fleet.playbook("-e", "window=4096", extra=crash, playbook="playbooks/sglang.yml")
+    finally:
+        result = stop_load(load, out)
+    text = r.stdout
+    assert r.returncode != 0
+    assert f"Deploy of sglang.service on {canary} FAILED" in text
+    assert "ROLLED BACK to the known-good configuration" in text
+    # The rollout stopped at the canary: the other host never reached the rolling play (the first play,
+    # all hosts at once, only decided that both must restart and wrote nothing).
+    assert f"[{other}]" not in rolling_play(text)
+    assert fleet.invocation(other) == before[other]
+    assert fleet.ssh(other, FILES) == other_files
+    # The canary runs its old configuration (a new, verified invocation) and is back in the router with it.
+    now = fleet.invocation(canary)
+    assert now != before[canary]
+    assert "SGLANG_LAB_CRASH_AFTER" not in fleet.ssh(canary, "cat /etc/sglang/sglang.env")
+    assert fleet.server_info(canary)["speculative_draft_window_size"] == 4096
+    url = f"http://{fleet.hv[canary]['lab_fleet_address']}:30000"
+    listed = [w for w in fleet.workers() if w["url"] == url]
+    assert [(w["status"], w["labels"].get("sglang_invocation")) for w in listed] == [("ready", now)]
+    assert all(ready is not None and len(ready) >= 1 for _, ready, _ in result["samples"])
+    failed = result["non_2xx"] + result["truncated"] + result["errors"]
+    print(f"FAILED REQUESTS during the failed rollout: {failed} of {result['requests']}")
+    assert failed == 0, result["failures"]
+
+
+def test_the_same_deploy_again_touches_nothing_router_included(fleet):
+    before = {h: fleet.invocation(h) for h in GPU} | {
+        ROUTER: fleet.invocation(ROUTER, "sglang-router.service")
+    }
+    workers = sorted((w["id"], w["url"]) for w in fleet.workers())
+    r = fleet.playbook("-e", "window=4096")
+    assert r.returncode == 0, why(r)
+    for host, line in recap(r.stdout).items():
+        assert "changed=0" in line and "failed=0" in line, (host, line)
+    assert f"left {ROUTER}" not in r.stdout and "Rejoin the router(s) and wait until ready" not in r.stdout
+    # Both hosts verified in the first play, at once: the rolling play had no host.
+    assert "skipping: no hosts matched" in rolling_play(r.stdout)
+    after = {h: fleet.invocation(h) for h in GPU} | {
+        ROUTER: fleet.invocation(ROUTER, "sglang-router.service")
+    }
+    assert after == before
+    assert sorted((w["id"], w["url"]) for w in fleet.workers()) == workers
+
+
+def host_state(fleet, host: str) -> dict:
+    """What a refused leave must leave exactly as it was: the files, the pending marker, the invocation."""
+    return {
+        "files": fleet.ssh(host, FILES),
+        "pending": fleet.ssh(host, f"ls {PENDING} 2>/dev/null || true"),
+        "invocation": fleet.invocation(host),
+    }
+
+
+def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_host_as_it_was(fleet, tmp_path):
+    canary = GPU[0]
+    before = host_state(fleet, canary)
+    assert before["pending"] == ""
+    window = fleet.server_info(canary)["speculative_draft_window_size"]
+    assert window != 8192
+    out = tmp_path / "load.json"
+    load = fleet.start_load(out, clients=2)
+    try:
+        long = fleet.start_long_request(canary, LONG_TOKENS)
+        extra = {"sglang_drain_timeout": 2, "sglang_drain_policy": "fail"}
+        r = fleet.playbook(
+            "-e", "window=8192", "--limit", canary, extra=extra, playbook="playbooks/sglang.yml"
+        )
+        refused_at = time.time()
+        answer = long_result(long)
+    finally:
+        result = stop_load(load, out)
+    assert r.returncode != 0
+    text = " ".join(r.stdout.split())
+    assert (
+        "still had 1 request(s) in flight after drain_timeout=2 s; re-added to the router untouched" in text
+    )
+    # Refused before anything was written: same files, no pending marker, the same server, back in the
+    # router with its running invocation.
+    assert host_state(fleet, canary) == before
+    assert "Install the systemd unit, the environment file" not in r.stdout
+    assert fleet.listed(canary) == [("ready", before["invocation"])]
+    assert fleet.server_info(canary)["speculative_draft_window_size"] == window
+    # The long request was still in flight when the run was refused, and completed.
+    assert answer["status"] == 200 and answer["complete"], answer
+    assert answer["start"] + answer["seconds"] > refused_at - 5
+    failed = load_failures(result)
+    print(f"FAILED REQUESTS (policy fail): {failed} of {result['requests']} + the long one")
+    assert failed == 0, result["failures"]
+    assert all(ready for _, ready, _ in result["samples"])
+
+
+def test_a_request_longer_than_the_drain_timeout_under_policy_force_is_reported_and_the_host_restarted(fleet):
+    canary = GPU[0]
+    before = fleet.invocation(canary)
+    # As long as under fail: with 12000 tokens (20 s) a run on a busy machine once reached the drain after
+    # the request had ended. The restart's SIGTERM drain then waits for the rest of it.
+    long = fleet.start_long_request(canary, LONG_TOKENS)
+    extra = {"sglang_drain_timeout": 2, "sglang_drain_policy": "force"}
+    r = fleet.playbook("-e", "window=8192", "--limit", canary, extra=extra, playbook="playbooks/sglang.yml")
+    answer = long_result(long)
+    assert r.returncode == 0, why(r)
+    text = " ".join(r.stdout.split())
+    assert "NOT idle after sglang_drain_timeout=2 s: 1 request(s) still in flight" in text
+    after = fleet.invocation(canary)
+    assert after not in ("", before)
+    assert fleet.server_info(canary)["speculative_draft_window_size"] == 8192
+    assert fleet.listed(canary) == [("ready", after)]
+    # Observed: SGLang's SIGTERM drain (the lab server's, as SGLang's) finished the request before the old
+    # process exited, well within TimeoutStopSec; "cut" is what force risks, not what happened here.
+    assert answer["status"] == 200 and answer["complete"], answer
+
+
+def test_the_capacity_guard_refuses_when_the_other_worker_is_unhealthy(fleet):
+    canary, other = GPU
+    before = host_state(fleet, canary)
+    fleet.ssh(other, "systemctl stop sglang.service")
+    try:
+        # The router notices within its health checks (interval 5 s, 2 failures in the lab's settings).
+        deadline = time.monotonic() + 60
+        while [status for status, _ in fleet.listed(other) if status == "ready"]:
+            assert time.monotonic() < deadline, fleet.workers()
+            time.sleep(0.5)
+        r = fleet.playbook("-e", "window=4096", "--limit", canary, playbook="playbooks/sglang.yml")
+        assert r.returncode != 0
+        text = " ".join(r.stdout.split())
+        assert "refusing to take " + fleet.url(canary) + " out of the router: 0 other worker(s) ready" in text
+        assert host_state(fleet, canary) == before
+        assert fleet.listed(canary)[0][0] == "ready"
+    finally:
+        fleet.ssh(other, "systemctl start sglang.service")
+        deadline = time.monotonic() + 90
+        while not [s for s, _ in fleet.listed(other) if s == "ready"]:
+            assert time.monotonic() < deadline, fleet.workers()
+            time.sleep(0.5)
+
+
+def test_a_renamed_host_rolls_as_remove_then_add_and_the_pool_is_never_empty(fleet, tmp_path):
+    other = GPU[1]
+    text = INVENTORY.read_text()
+    # In gpu_nodes and in lab: the same address, user and key under another inventory name.
+    assert text.count(f"        {other}:\n") == 2
+    RENAMED_INVENTORY.write_text(text.replace(f"        {other}:\n", f"        {RENAMED}:\n"))
+    router_before = fleet.invocation(ROUTER, ROUTER_UNIT)
+    before = fleet.invocation(other)
+    out = tmp_path / "load.json"
+    load = fleet.start_load(out, clients=2)
+    try:
+        time.sleep(1)  # the load runs before the host leaves
+        r = fleet.playbook(
+            "-e", "window=8192", "--limit", f"{RENAMED},{ROUTER},localhost", inventory=RENAMED_INVENTORY
+        )
+    finally:
+        result = stop_load(load, out)
+    assert r.returncode == 0, why(r)
+    assert recap(r.stdout)[ROUTER].split()[1] == "changed=0"
+    # The same URL left once and came back (the router gives it a new id), the other worker always ready.
+    samples = result["samples"]
+    windows = out_of_router_windows(samples, fleet.url(other))
+    assert len(windows) == 1, windows
+    assert all(ready for _, ready, _ in samples), [s for s in samples if not s[1]][:5]
+    after = fleet.invocation(other)
+    assert after != before and fleet.listed(other) == [("ready", after)]
+    assert fleet.invocation(ROUTER, ROUTER_UNIT) == router_before
+    failed = load_failures(result)
+    print(f"FAILED REQUESTS (renamed host): {failed} of {result['requests']}; samples {len(samples)}")
+    assert failed == 0, result["failures"]
+
+
+# Last: a restarted router lists the workers of its command line again, without the rollout's labels.
+def test_a_changed_router_setting_restarts_it_and_verifies_again(fleet):
+    before = fleet.unit()
+    sglang = {h: fleet.invocation(h) for h in GPU}
+    r = fleet.playbook(playbook="playbooks/router.yml", extra={"sglang_router_health_check_interval_secs": 3})
+    assert r.returncode == 0, why(r)
+    assert int(recap(r.stdout)[ROUTER].split()[1].split("=")[1]) >= 1
+    after = fleet.unit()
+    assert after["ActiveState"] == "active" and after["InvocationID"] not in ("", before["InvocationID"])
+    assert "--health-check-interval-secs 3 " in fleet.ssh(ROUTER, f"grep ^ExecStart= {ROUTER_UNIT_PATH}")
+    assert f"sglang-router: ActiveState=active, InvocationID={after['InvocationID']}" in " ".join(
+        r.stdout.split()
+    )
+    assert fleet.probe(["GET", "/readiness", None, None])["answers"][0][0] == 200
+    assert {h: fleet.invocation(h) for h in GPU} == sglang
