@@ -153,6 +153,7 @@ def check_paths(s):
     for name, path in (
         ("sglang_model_path", s["sglang_model_path"]),
         ("sglang_venv", s["sglang_venv"]),
+        ("sglang_releases_dir", s["sglang_releases_dir"]),
         ("sglang_home", s["sglang_home"]),
         ("sglang_launcher[0]", first),
     ):

@@ -50,6 +50,12 @@ options:
     description: With O(python), the capabilities cache directory (as M(sglang_capabilities)'s).
     type: path
     default: /var/lib/sglang-deploy/capabilities
+  cache_files:
+    description:
+      - With O(python), the capabilities cache as file name -> content, looked up instead of O(cache_dir)
+        (with the same version and RECORD checks); the plan account may not read the cache directory, so the
+        plan probe (root) hands it over.
+    type: dict
   timeout:
     description: With O(python), seconds the parser dump may take on a cache miss.
     type: int
@@ -216,6 +222,7 @@ def main():
             capabilities=dict(type="dict"),
             python=dict(type="path"),
             cache_dir=dict(type="path", default="/var/lib/sglang-deploy/capabilities"),
+            cache_files=dict(type="dict"),
             timeout=dict(type="int", default=300),
             secret_env=dict(type="dict", default={}),
             profile=dict(type="str", default="upstream"),
@@ -241,7 +248,7 @@ def main():
     capabilities, found = params["capabilities"], {}
     if capabilities is None:
         capabilities, cached, _, _ = discover(
-            module, params["python"], params["cache_dir"], params["timeout"]
+            module, params["python"], params["cache_dir"], params["timeout"], params["cache_files"]
         )
         found = {"algorithms": capabilities.get("algorithms", []), "capabilities_cached": cached}
     profile, errors = select_profile(params["profile"], params["profiles"])

@@ -35,10 +35,14 @@ options:
   known_good:
     description:
       - With O(record), first keep the files just verified as the known-good ones (what a rollback
-        restores); each of O(known_good.files) is copied atomically to O(known_good.dir) (C(0600) root),
-        its sha256 is added to the record and to the metadata file as C(<name>_sha256), and
-        O(known_good.meta) (plus O(known_good.api_key)) is written to
-        O(known_good.dir)/O(known_good.meta_name).
+        restores); each of O(known_good.files) is copied to O(known_good.dir) (C(0600) root), its sha256
+        is added to the record and to the metadata file as C(<name>_sha256), and O(known_good.meta) (plus
+        O(known_good.api_key)) is written to O(known_good.dir)/O(known_good.meta_name).
+      - The SET is switched atomically - all files are written into a new directory
+        C(<known_good.dir>.<ns>/) (0700), then O(known_good.dir) becomes a symlink to it by one C(rename(2))
+        and the previous generation is removed; a reader sees the old set or the new one, never a mix. A real
+        directory there (kept by an older version of the role) is renamed aside first, the one step that is
+        not atomic.
       - All of it in the same call as the record, so a verified deploy costs one round trip.
       - With O(known_good.sha256), the files on disk must be exactly the ones the verified restart started;
         any file whose sha256 differs (written by hand or by another run during the readiness and stability
@@ -128,6 +132,8 @@ import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.sglang_files import fsync_dir, replace_file
@@ -196,15 +202,43 @@ def keep_known_good(spec, write):
             "verified: NOTHING was recorded as known-good"
         )
     if write:
-        directory = spec["dir"]
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        for path, data in contents.items():
-            replace_file(os.path.join(directory, os.path.basename(path)), data, 0o600)
+        files = {os.path.basename(path): data for path, data in contents.items()}
         # sha256_checked: the files whose hash was the one the verified restart ran (all, in the role).
         meta = dict(spec["meta"], api_key=spec["api_key"], sha256_checked=sorted(expected), **hashes)
-        text = json.dumps(meta, indent=4, sort_keys=True) + "\n"
-        replace_file(os.path.join(directory, spec["meta_name"]), text.encode(), 0o600)
+        files[spec["meta_name"]] = (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()
+        switch_known_good(spec["dir"], files)
     return hashes
+
+
+def switch_known_good(link, files):
+    """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
+    ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
+    symlink over it, and the generation it replaced is removed. A reader (the rollback, the boot-time heal)
+    sees the old set or the new one, never a mix. ``link`` still a real directory (a set kept by an older
+    version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is not atomic: a crash
+    right after it leaves no known-good set, and the next run restarts with proof as on a fresh host)."""
+    link = link.rstrip("/")
+    parent, base = os.path.dirname(link) or ".", os.path.basename(link)
+    os.makedirs(parent, mode=0o750, exist_ok=True)
+    stamp = time.time_ns()
+    generation = f"{base}.{stamp}"
+    new = os.path.join(parent, generation)
+    os.mkdir(new, 0o700)
+    os.chmod(new, 0o700)
+    for name, data in files.items():
+        replace_file(os.path.join(new, name), data, 0o600)
+    fsync_dir(new)
+    if os.path.isdir(link) and not os.path.islink(link):
+        os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
+    tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(generation, tmp)
+    os.rename(tmp, link)
+    fsync_dir(parent)
+    for name in os.listdir(parent):
+        if name.startswith(base + ".") and name != generation:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def read_pending(path):

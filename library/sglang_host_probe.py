@@ -32,13 +32,37 @@ version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
   venv:
-    description: SGLang's virtualenv.
+    description: SGLang's virtualenv; required without O(release) (which sets it to the release's path).
     type: path
-    required: true
   marker:
-    description: JSON file the role writes into the virtualenv after an install (what was installed).
+    description:
+      - JSON file the role writes into the virtualenv after an install (what was installed); required without
+        O(release) (which sets it to the release's marker).
     type: path
-    required: true
+  release:
+    description:
+      - The SGLang release the settings want (module_utils/sglang_release.py). The probe runs
+        O(release.python)
+        for its major.minor, computes the release key from O(release.wanted) and that version, and then
+        probes C(<dir>/<key>) as O(venv) and its O(release.marker_name) as O(marker).
+    type: dict
+    suboptions:
+      dir:
+        description: The releases directory.
+        type: path
+        required: true
+      wanted:
+        description: The role's install marker content (source, version, git repo/ref, dependencies).
+        type: dict
+        required: true
+      python:
+        description: The system Python the release venvs are made with.
+        type: path
+        required: true
+      marker_name:
+        description: File name of the marker inside a release.
+        type: str
+        required: true
   packages:
     description: Debian packages the role needs on the host.
     type: list
@@ -207,6 +231,16 @@ marker:
   description: The install marker's JSON content; null when it is missing, unreadable or not JSON.
   returned: always
   type: raw
+release:
+  description:
+    - With O(release) - C(key), C(path), C(python_version), C(exists), C(complete) (its marker names the key,
+      so it was built to the end), C(marker_sha256), C(entries) (the names in the releases directory) and
+      C(running) (the unit's MainPID was started from it); else null.
+  returned: always
+  type: dict
+  sample: {"key": "0.5.23-py3.11-6f1c0b7e2a91", "path": "/opt/sglang/releases/0.5.23-py3.11-6f1c0b7e2a91",
+           "python_version": "3.11", "exists": true, "complete": true, "marker_sha256": "4b1f...",
+           "entries": ["0.5.23-py3.11-6f1c0b7e2a91"]}
 missing_packages:
   description: The packages of O(packages) that are not installed, in the order given.
   returned: always
@@ -282,9 +316,12 @@ import os
 import pwd
 import re
 import stat
+import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_redact import redact_text
+from ansible.module_utils.sglang_release import inside, release_key
+from ansible.module_utils.sglang_release import read_marker as read_release_marker
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -354,6 +391,66 @@ def read_marker(path):
             return json.load(handle)
     except (OSError, ValueError):
         return None
+
+
+class ReleaseError(Exception):
+    pass
+
+
+def python_version(python):
+    """major.minor of the Python the release venvs are made with (part of the release key)."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except OSError as exc:
+        raise ReleaseError(f"cannot run {python} (the Python SGLang releases are made with): {exc}") from exc
+    version = proc.stdout.strip()
+    if proc.returncode != 0 or not re.fullmatch(r"\d+\.\d+", version):
+        raise ReleaseError(
+            f"{python} -c 'import sys; print(sys.version_info)' failed (rc {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout).strip()[:300]}"
+        )
+    return version
+
+
+def runs_from(main_pid, path):
+    """The unit's MainPID was started from ``path`` (its argv[0], the release's python, lies in it)."""
+    try:
+        pid = int(main_pid or 0)
+        if pid <= 0:
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv0 = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False
+    return bool(argv0) and inside(argv0, path)
+
+
+def release_state(spec):
+    """The release the settings want: key, path, whether it is complete, its marker's sha256, and the
+    entries of the releases directory (library/sglang_releases.py prunes them)."""
+    version = python_version(spec["python"])
+    key = release_key(spec["wanted"], version)
+    path = os.path.join(spec["dir"], key)
+    marker, marker_sha256 = read_release_marker(os.path.join(path, spec["marker_name"]))
+    try:
+        entries = sorted(os.listdir(spec["dir"]))
+    except OSError:
+        entries = []
+    return {
+        "key": key,
+        "path": path,
+        "python_version": version,
+        "exists": os.path.isdir(path),
+        "complete": marker is not None and marker.get("release") == key,
+        "marker_sha256": marker_sha256,
+        "entries": entries,
+    }
 
 
 def read_pending(path):
@@ -548,8 +645,17 @@ def dropins(unit, dirs, loaded_text, limit):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            venv=dict(type="path", required=True),
-            marker=dict(type="path", required=True),
+            venv=dict(type="path"),
+            marker=dict(type="path"),
+            release=dict(
+                type="dict",
+                options=dict(
+                    dir=dict(type="path", required=True),
+                    wanted=dict(type="dict", required=True),
+                    python=dict(type="path", required=True),
+                    marker_name=dict(type="str", required=True),
+                ),
+            ),
             packages=dict(type="list", elements="str", default=[]),
             dirs=dict(
                 type="list",
@@ -609,17 +715,30 @@ def main():
         for path in p["user_dirs"]
     ]
 
+    release = None
+    if p["release"]:
+        try:
+            release = release_state(p["release"])
+        except ReleaseError as exc:
+            module.fail_json(msg=str(exc))
+        p["venv"], p["marker"] = release["path"], os.path.join(release["path"], p["release"]["marker_name"])
+    elif not p["venv"] or not p["marker"]:
+        module.fail_json(msg="venv and marker are required without release")
+
     group_ok, user_ok = account(user)
     try:
         systemd = systemctl_show(module, p["unit"], PROBE_PROPERTIES)
     except SystemctlError as exc:
         module.warn(f"{exc}; the unit state is unknown")
         systemd = {}
+    if release is not None:
+        release["running"] = runs_from(systemd.get("MainPID"), release["path"])
     module.exit_json(
         changed=False,
         venv=os.access(os.path.join(p["venv"], "bin", "python"), os.X_OK),
         versions=installed_versions(p["venv"]),
         marker=read_marker(p["marker"]),
+        release=release,
         missing_packages=missing_packages(module, p["packages"]),
         bad_dirs=[
             item["path"]

@@ -54,6 +54,14 @@ options:
     description: systemd unit of the server.
     type: str
     default: sglang.service
+  observed:
+    description:
+      - What the host's plan probe (M(sglang_plan_probe), RV(observed.running)) read as root - C(props) of the
+        unit, C(server_info) (C(status), C(body), C(path), C(attempts), C(status_without_key) or C(error)),
+        C(journal) entries of the current invocation, C(cmdline) and C(environ) of MainPID - compared instead
+        of reading them here. The plan account connects without root and without the API key; the probe
+        redacted every secret on the host. The comparison is the same.
+    type: dict
   invocation_id:
     description:
       - InvocationID the caller verified (e.g. from M(sglang_verified_restart)). When given and
@@ -101,6 +109,21 @@ options:
     description: Seconds for each HTTP request.
     type: float
     default: 10
+  expected_release:
+    description:
+      - The SGLang release the server must run (issue 14 item 1). C(version) must be the C(version) that
+        C(/server_info) reports, and C(/proc/<MainPID>/cmdline)'s first element (the release's python, or the
+        interpreter of its script) must lie in C(path). A mismatch is a failure naming both.
+    type: dict
+    suboptions:
+      path:
+        description: The release directory.
+        type: path
+        required: true
+      version:
+        description: The SGLang version the release holds.
+        type: str
+        required: true
   expected_argv:
     description:
       - The whole command line the unit's C(ExecStart=) gives the process as the role rendered it (launcher
@@ -208,6 +231,7 @@ from ansible.module_utils.sglang_journal import (  # noqa: E402
     JournalError,
     message_text,
     read_invocation,
+    select_invocation,
 )
 from ansible.module_utils.sglang_options import (  # noqa: E402
     BUDGET_KEY,
@@ -220,6 +244,7 @@ from ansible.module_utils.sglang_options import (  # noqa: E402
     window_support,
 )
 from ansible.module_utils.sglang_redact import REDACTED, SECRET_FLAGS, is_secret_key, redact  # noqa: E402
+from ansible.module_utils.sglang_release import inside  # noqa: E402
 from ansible.module_utils.sglang_serverargs import (  # noqa: E402
     MARKER,
     ServerArgsParseError,
@@ -423,6 +448,52 @@ def check_key_required(base, path, timeout, evidence):
     ]
 
 
+class Observed:
+    """The reads of run() from the plan probe's document (``observed``) instead of the host itself."""
+
+    def __init__(self, doc):
+        self.doc = doc or {}
+        self.info = self.doc.get("server_info") or {}
+
+    def props(self):
+        return self.doc.get("props") or {}
+
+    def server_info(self):
+        if self.info.get("error"):
+            raise HttpError(self.info["error"])
+        if "status" not in self.info:
+            raise HttpError("the plan probe did not ask /server_info (no running main process?)")
+        attempts = [tuple(a) for a in self.info.get("attempts") or []]
+        return self.info["status"], self.info.get("body"), self.info.get("path"), attempts
+
+    def key_required(self, path, evidence):
+        status = self.info.get("status_without_key")
+        if status is None:
+            return [f"GET {path} without the API key: not asked by the plan probe"]
+        evidence["key_required"] = (
+            f"required: GET {path} answered 200 with the intended key, {status} without a key (plan probe)"
+        )
+        if status in (401, 403):
+            return []
+        return [
+            f"GET {path} without the API key returned {status}, not 401: the running server does not "
+            "require the intended API key (it was started without --api-key, or its --config file lacks it)"
+        ]
+
+    def journal(self, wanted, main_pid, start_us):
+        entries = self.doc.get("journal")
+        if entries is None:
+            raise JournalError(self.doc.get("journal_error") or "the plan probe read no journal")
+        return select_invocation(entries, wanted, [main_pid], start_us), ["journal read by the plan probe"]
+
+    def part(self, name, main_pid):
+        if name not in self.doc:
+            raise OSError(
+                1, self.doc.get(f"{name}_error") or f"/proc/{main_pid}/{name} not read by the plan probe"
+            )
+        return self.doc[name]
+
+
 def _same_int(a, b):
     try:
         return a is not None and int(a) == int(b)
@@ -444,10 +515,17 @@ def run(module):
         "argv_diff": [],
     }
     failures = []
+    observed = Observed(p["observed"]) if p.get("observed") is not None else None
 
     try:
-        props = show(
-            module, p["unit"], ("InvocationID", "MainPID", "ExecMainStartTimestampMonotonic", "ActiveState")
+        props = (
+            observed.props()
+            if observed
+            else show(
+                module,
+                p["unit"],
+                ("InvocationID", "MainPID", "ExecMainStartTimestampMonotonic", "ActiveState"),
+            )
         )
     except SystemctlError as exc:
         return result, [str(exc)], raw_sources
@@ -484,7 +562,11 @@ def run(module):
 
     # 1. HTTP
     try:
-        status, body, path, attempts = server_info(base_url(p["host"], p["port"]), p["api_key"], p["timeout"])
+        status, body, path, attempts = (
+            observed.server_info()
+            if observed
+            else server_info(base_url(p["host"], p["port"]), p["api_key"], p["timeout"])
+        )
         result["source"] = path
         evidence["http_attempts"] = [f"{a} -> {s}" for a, s in attempts]
         if status in (401, 403):
@@ -497,20 +579,34 @@ def run(module):
         elif status != 200 or not isinstance(body, dict):
             failures.append(f"GET {path} returned {status}, not a JSON object: {str(body)[:200]}")
         else:
-            if p["api_key"]:
+            if observed and "status_without_key" in observed.info:
+                failures += observed.key_required(path, evidence)
+            elif p["api_key"] and not observed:
                 failures += check_key_required(base_url(p["host"], p["port"]), path, p["timeout"], evidence)
             raw_sources.append(body)
             reported["server_info"] = managed_view(body, expected)
             if p["full_server_info"]:
                 result["server_info"] = body
             diff += compare(expected, body, f"{path}")
+            release = p["expected_release"]
+            if release:
+                reported["release"] = {"version": body.get("version")}
+                if str(body.get("version")) != str(release["version"]):
+                    diff.append(
+                        f"version: expected SGLang {release['version']} (release {release['path']}), "
+                        f"{path} reports {body.get('version')!r}"
+                    )
     except HttpError as exc:
         failures.append(str(exc))
 
     # 2. journal of THIS invocation
     messages_text, runners, journal_args = [], {}, None
     try:
-        entries, notes = read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
+        entries, notes = (
+            observed.journal(wanted, main_pid, start_us)
+            if observed
+            else read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
+        )
         evidence["notes"] += notes
         evidence["journal_entries"] = len(entries)
         accepted = []
@@ -550,7 +646,15 @@ def run(module):
 
     # 3. /proc/<MainPID>/cmdline
     try:
-        argv = read_cmdline(main_pid)
+        argv = observed.part("cmdline", main_pid) if observed else read_cmdline(main_pid)
+        release = p["expected_release"]
+        if release:
+            reported.setdefault("release", {})["argv0"] = argv[0] if argv else None
+            if not argv or not inside(argv[0], release["path"]):
+                diff.append(
+                    f"release: expected a process of the release {release['path']}, /proc/{main_pid}/cmdline "
+                    f"starts with {argv[0] if argv else '(nothing)'!r}"
+                )
         settings = read_argv(argv, p["flag_dests"])
         raw_sources.append(settings)
         reported["cmdline"] = managed_view(settings, expected)
@@ -565,7 +669,7 @@ def run(module):
     # 4. knobs the build reads from the environment: the RUNNING process's, not the env file's
     if p["expected_env"]:
         try:
-            environ = read_environ(main_pid)
+            environ = observed.part("environ", main_pid) if observed else read_environ(main_pid)
             reported["environ"] = {name: environ.get(name) for name in p["expected_env"]}
             for name, want in sorted(p["expected_env"].items()):
                 if name not in environ:
@@ -665,6 +769,11 @@ def main():
             timeout=dict(type="float", default=10),
             full_server_info=dict(type="bool", default=False),
             expected_argv=dict(type="list", elements="str"),
+            observed=dict(type="dict"),
+            expected_release=dict(
+                type="dict",
+                options=dict(path=dict(type="path", required=True), version=dict(type="str", required=True)),
+            ),
         ),
         supports_check_mode=True,
     )

@@ -158,6 +158,11 @@ def read_cache(path, meta):
             data = json.load(handle)
     except (OSError, ValueError):
         return None
+    return valid_cache(data, meta)
+
+
+def valid_cache(data, meta):
+    """``data`` when it is the dump of the installation ``meta`` describes, else None."""
     if (
         not isinstance(data, dict)
         or data.get("version") != meta["version"]
@@ -172,16 +177,21 @@ def write_cache(module, path, data):
     write_json_atomic(module, path, data, 0o644, "capabilities cache")
 
 
-def discover(module, python, cache_dir, timeout):
+def discover(module, python, cache_dir, timeout, cache_files=None):
     """(data, cached, cache_file, meta) for the SGLang installed behind ``python``; fails the module
-    naming the option when ``python`` or ``timeout`` is unusable."""
+    naming the option when ``python`` or ``timeout`` is unusable. ``cache_files`` (file name -> content:
+    the cache directory as root's plan probe read it, for a caller that may not read it) is looked up
+    instead of ``cache_dir``, with the same checks."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         module.fail_json(msg=f"python: {python} is not an executable file (is the SGLang venv installed?)")
     if timeout < 1:
         module.fail_json(msg="timeout: must be at least 1 second")
     meta = probe(module, python, timeout)
     path = cache_path(cache_dir, meta)
-    cached = read_cache(path, meta)
+    if cache_files is not None:
+        cached = valid_cache(cache_files.get(os.path.basename(path)), meta)
+    else:
+        cached = read_cache(path, meta)
     if cached is not None:
         return cached, True, path, meta
     rc, out, err = run_python(module, python, DUMP_SCRIPT, timeout)

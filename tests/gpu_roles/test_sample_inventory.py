@@ -386,8 +386,8 @@ def test_check_diff_on_the_bare_host_plans_everything_and_changes_nothing(sample
     assert "Would enable nvidia-device-nodes.service and nvidia-persistenced.service" in flat
     assert f"Would install the CUDA 13.0 toolkit: {CUDA_PACKAGE} into {CUDA_HOME}" in flat, out[-8000:]
     assert (
-        f"Would install SGLang {sample['sglang_version']} from wheelhouse into /opt/sglang/venv "
-        "(installed: none;" in flat
+        f"Would install SGLang {sample['sglang_version']} from wheelhouse as the new release "
+        f"/opt/sglang/releases/{sample['sglang_version']}-py3." in flat
     ), out[-8000:]
     assert (
         "Then the unit /etc/systemd/system/sglang.service and the environment file "
@@ -406,7 +406,7 @@ def test_check_diff_on_the_bare_host_plans_everything_and_changes_nothing(sample
     for task in (
         "Install the driver packages at the pinned version",
         "Check the GPUs",
-        "Install SGLang into the virtualenv",
+        "Install SGLang into the new release",
         "Restart SGLang and wait",
     ):
         assert re.search(rf"TASK \[[^\]]*{re.escape(task)}[^\]]*\][^\n]*\nskipping: ", out), task
@@ -458,7 +458,11 @@ def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
     assert (show["ActiveState"], show["SubState"]) == ("active", "running"), show
     assert show["NRestarts"] == "0", show
     argv = facts["cmdline"]
-    assert argv[:2] == ["/opt/sglang/venv/bin/python", "/opt/sglang-lab/sglang_lab_server.py"], argv
+    # The release's python (/opt/sglang/releases/<version>-py<major.minor>-<hash>/bin/python).
+    assert argv[0].startswith(f"/opt/sglang/releases/{sample['sglang_version']}-py3.") and argv[0].endswith(
+        "/bin/python"
+    ), argv
+    assert argv[1] == "/opt/sglang-lab/sglang_lab_server.py", argv
     args = argv[2:]
     # (the first flag of each dest in SGLang 0.5.23's parser, which the role's sglang_argv picks)
     for flag, value in (

@@ -1,10 +1,11 @@
 """One deploy at a time per host (issue 14, item 2), against the shared lab host.
 
 Order (one module, top to bottom; each test leaves the baseline deployed and the lock free):
-  1. a deploy whose server loads slowly (SGLANG_LAB_LOAD_SECONDS) runs in the background; while it holds
-     the lock in its verified restart, a second `deploy.yml` is refused within seconds, naming the holder
-     (its ansible-playbook PID, controller, user, playbook, what it is doing); the first one then
-     succeeds, and the second, run again, succeeds too. The time to refuse is printed (issue 14's note);
+  1. a deploy whose server loads slowly (SGLANG_LAB_LOAD_UNTIL: until the test opens the load gate, at most
+     SGLANG_LAB_LOAD_SECONDS) runs in the background; while it holds the lock in its verified restart, a
+     second `deploy.yml` is refused within seconds, naming the holder (its ansible-playbook PID,
+     controller, user, playbook, what it is doing); the test then opens the gate, the first one succeeds,
+     and the second, run again, succeeds too. The time to refuse is printed (issue 14's note);
   2. a slow deploy killed with SIGKILL (its whole process group) while it holds the lock leaves the lock
      behind (its SSH ControlMaster lives on, so does its sshd on the host); the next deploy takes it over,
      says so, and deploys the baseline.
@@ -26,9 +27,12 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK_FILE = "/run/sglang-deploy/sglang.lock"
-FAST = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
-# The lab server takes this long to load: the verified restart holds the lock meanwhile.
-SLOW = dict(FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "40"})
+# No crash is injected here: the lab inventory's own stability window (3 s) is enough.
+FAST = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
+# The lab server loads until the test creates LOAD_GATE on the host, at most 40 s: the verified restart
+# holds the lock meanwhile. (/run: readable under the unit's ProtectSystem=strict, gone at a reboot.)
+LOAD_GATE = "/run/sglang-lab-load-gate"
+SLOW = dict(FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "40", "SGLANG_LAB_LOAD_UNTIL": LOAD_GATE})
 REFUSE_WITHIN = 60
 # deploy.yml's last play (knobs, then the sglang role): what the background deploys run.
 SGLANG_PLAY = "playbooks/sglang.yml"
@@ -79,6 +83,7 @@ def workdir():
 
 
 def test_second_deploy_is_refused_naming_the_holder_then_runs(lab_host, workdir):
+    lab_host.ssh(f"rm -f {LOAD_GATE}")
     first = start_playbook(lab_host, SLOW, workdir / "first.log")
     try:
         record = wait_for_restart_under_lock(lab_host, first, workdir / "first.log")
@@ -106,11 +111,13 @@ def test_second_deploy_is_refused_naming_the_holder_then_runs(lab_host, workdir)
         # The refused run changed nothing and did not touch the holder's lock.
         assert lock_record(lab_host)["token"] == record["token"]
 
+        lab_host.ssh(f"touch {LOAD_GATE}")  # the load ends now, not after 40 s
         assert first.wait(timeout=600) == 0, (workdir / "first.log").read_text()[-6000:]
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
+        lab_host.ssh(f"rm -f {LOAD_GATE}")
     assert lock_record(lab_host) is None
     rc, text = run_playbook(lab_host, FAST, workdir / "again.log")
     assert rc == 0, text[-4000:]
@@ -119,6 +126,7 @@ def test_second_deploy_is_refused_naming_the_holder_then_runs(lab_host, workdir)
 
 
 def test_lock_of_a_run_killed_with_sigkill_is_taken_over_and_reported(lab_host, workdir):
+    lab_host.ssh(f"rm -f {LOAD_GATE}")  # loads until the next deploy stops it
     killed = start_playbook(lab_host, SLOW, workdir / "killed.log")
     try:
         record = wait_for_restart_under_lock(lab_host, killed, workdir / "killed.log")

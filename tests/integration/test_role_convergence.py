@@ -6,12 +6,9 @@
    template task confirms by changing nothing) is written over ssh and systemd reloaded. Check mode
    then says it would restart because the unit on disk is not the last verified one; the real run
    restarts, verifies 4096 and records it; a re-run is changed=0 on the same invocation.
-2. Install marker: appending a requirement to sglang_dependency_requirements (one the installed venv
-   already satisfies) re-runs the pip install and records the new list's hash in the marker; the same
-   list again is a no-op; going back to the lab list installs again (the restore). These runs push a
-   wheelhouse of hard links to just the sglang and idna wheels of the lab wheelhouse instead of its
-   3 GB: pip reads --find-links only for what is not installed yet, so the runs also prove that the
-   re-run install is incremental (a requirement pip had to install would fail them).
+2. Releases: appending a requirement to sglang_dependency_requirements is another release (another key,
+   issue 14 item 1), never an install into the running one: check mode names the new release beside the
+   running one and changes nothing (the real switch between releases: tests/integration/test_releases.py).
 
 Each test restores the baseline (window 2048, the lab requirement list) before it ends.
 """
@@ -21,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import subprocess
 import time
@@ -32,11 +28,12 @@ import pytest
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
 UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"
 KNOWN_GOOD_UNIT = "/var/lib/sglang-deploy/known-good/sglang.service"
-MARKER_PATH = "/opt/sglang/venv/sglang-deploy-install.json"
+RELEASES = "/opt/sglang/releases"
+# The install marker of the baseline's release (SGLang 0.5.23 from the layer): {} is the release directory.
+MARKER_GLOB_ONE = "{}/sglang-deploy-install.json"
 # The lab requirement list, read the way inventory/lab/group_vars/lab/lab.yml reads it.
 LAB_REQUIREMENTS = [
     line.strip()
@@ -52,10 +49,6 @@ WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
 RENDER_UNIT = "Install the systemd unit, the environment file and the --config file"
 PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
-INSTALL = "Install SGLang into the virtualenv"
-INSTALL_STEPS = "Bring the packages, account, directories and virtualenv to the wanted state"
-INSTALL_DEPS = "Install the dependency requirements from the wheelhouse"
-RECORD_INSTALL = "Record what was installed into the virtualenv"
 
 
 def flat(r) -> str:
@@ -182,57 +175,44 @@ def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_ho
 
 
 def marker(lab_host) -> dict:
-    return json.loads(lab_host.read_bytes(MARKER_PATH))
+    return json.loads(
+        lab_host.read_bytes(MARKER_GLOB_ONE.format(lab_host.ssh(f"ls -d {RELEASES}/0.5.23-*").stdout.strip()))
+    )
 
 
-@pytest.fixture(scope="module")
-def small_wheelhouse(tmp_path_factory) -> Path:
-    """The sglang wheel and the wheel of the extra requirement, hard-linked from the lab wheelhouse."""
-    path = tmp_path_factory.mktemp("small-wheelhouse")
-    for pattern in ("sglang-*.whl", EXTRA_REQUIREMENT.split(">=")[0] + "-*.whl"):
-        wheels = sorted(WHEELHOUSE.glob(pattern))
-        assert len(wheels) == 1, f"{WHEELHOUSE}: {pattern} matches {wheels}"
-        os.link(wheels[0], path / wheels[0].name)
-    return path
-
-
-def test_changed_dependency_requirements_rerun_the_install_once(lab_host, small_wheelhouse):
+def test_changed_dependency_requirements_are_a_new_release_and_touch_nothing_running(lab_host):
+    """Issue 14 item 1: a changed dependency list is another release (another key), built beside the running
+    one, never pip-installed into it. Check mode says so and changes nothing; the real switch to another
+    release (version AND dependency set) is tests/integration/test_releases.py."""
     before = lab_host.state()
+    releases = lab_host.ssh(f"ls {RELEASES}").stdout.split()
     baseline = marker(lab_host)
     assert baseline["dependencies"] == {
         "resolved_by_pip": False,
         "requirements_sha256": requirements_sha256(LAB_REQUIREMENTS),
     }, baseline
+    assert releases == [baseline["release"]], releases
     extended = LAB_REQUIREMENTS + [EXTRA_REQUIREMENT]
-    small = dict(FAST_VERIFY, sglang_wheelhouse_src=str(small_wheelhouse))
-    extra = dict(small, sglang_dependency_requirements=extended)
-    try:
-        r = run(lab_host, "extended list", "-e", "window=2048", extra=extra)
-        ok(r)
-        # The install ran again for the changed list; pip found idna>=3 already satisfied and installed
-        # nothing, so sglang_pip (changed read from pip's output) reports ok, not changed.
-        assert task_status(r, INSTALL_DEPS) == "ok", r.stdout[-6000:]
-        assert task_status(r, RECORD_INSTALL) == "changed"
-        wanted = {"resolved_by_pip": False, "requirements_sha256": requirements_sha256(extended)}
-        assert marker(lab_host) == dict(baseline, dependencies=wanted)
-        # Only the venv changed: the unit, the env file and the running invocation did not.
-        assert lab_host.state() == before
-
-        # The same list again: nothing to install.
-        r = run(lab_host, "extended list again", "-e", "window=2048", extra=extra)
-        ok(r)
-        assert "changed=0" in recap(r), recap(r)
-        # Nothing to install: the install steps are skipped as one include, the install never shown.
-        assert task_status(r, INSTALL_STEPS) == "skipping", r.stdout[-6000:]
-        assert task_status(r, INSTALL) is None, r.stdout[-6000:]
-        assert INSTALL_DEPS not in r.stdout
-    finally:
-        # Back to the lab list: a changed list again, so the install runs again.
-        r = run(lab_host, "lab list again", "-e", "window=2048", extra=small)
+    r = run(
+        lab_host,
+        "extended list, check mode",
+        "-e",
+        "window=2048",
+        "--check",
+        extra=dict(FAST_VERIFY, sglang_dependency_requirements=extended),
+    )
     ok(r)
-    assert task_status(r, INSTALL_DEPS) == "ok", r.stdout[-6000:]  # ran; every pin already installed
+    text = flat(r)
+    m = re.search(
+        r"as the new release /opt/sglang/releases/(0\.5\.23-py3\.\d+-[0-9a-f]{12}) "
+        r"\(releases there now: ([^)]*)\)",
+        text,
+    )
+    assert m, text[-6000:]
+    assert m.group(1) != baseline["release"] and m.group(2) == baseline["release"], m.groups()
+    assert "the running one is not touched" in text
+    assert lab_host.state() == before and lab_host.ssh(f"ls {RELEASES}").stdout.split() == releases
     assert marker(lab_host) == baseline
-    assert lab_host.state() == before
 
 
 def test_lab_requirements_are_what_the_test_assumes():

@@ -26,7 +26,8 @@ SENTINEL = "SENTINEL-SECRET-9f3c"
 AWKWARD_MODEL = "/srv/models/lab target 100%"
 AWKWARD_NAME = "lab \"$HOME\" 'q' 100%"
 # The lab launcher (inventory/lab/group_vars/lab/lab.yml) with the role's default venv.
-LAUNCHER = ["/opt/sglang/venv/bin/python", "/opt/sglang-lab/sglang_lab_server.py"]
+# The launcher is the release's python (/opt/sglang/releases/0.5.23-...) and the lab server.
+LAB_SERVER = "/opt/sglang-lab/sglang_lab_server.py"
 CONFIG_PATH = "/etc/sglang/sglang.yaml"
 
 
@@ -75,7 +76,9 @@ def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
     record = lab_host.history()[-1]
     assert record["result"] == "verified" and record["invocation_id"] == state.invocation_id
     # The intended argv as the role recorded it: the key is not in it, SGLang reads it from --config.
-    intended = LAUNCHER + shlex.split(record["argv"])
+    release = lab_host.ssh("ls -d /opt/sglang/releases/0.5.23-*").stdout.split()
+    assert len(release) == 1, release
+    intended = [f"{release[0]}/bin/python", LAB_SERVER] + shlex.split(record["argv"])
     assert argv == intended
     assert "--api-key" not in argv and value_after(argv, "--config") == CONFIG_PATH
     assert value_after(argv, "--model-path") == AWKWARD_MODEL

@@ -305,6 +305,44 @@ def test_corrupt_or_unreadable_entry_is_ignored_with_one_line(site, tmp_path, mo
     assert "ignored (unreadable: " in caplog.records[0].getMessage()
 
 
+def test_seed_of_labctl_is_used_only_from_an_owner_only_directory(site, tmp_path, monkeypatch):
+    """lab/labctl's seed (PARSE_CACHE_SEED_DIR): used when the server's own directory has no entry for the
+    key, never when others can write the seed directory, never with SGLANG_LAB_PARSE_CACHE_DIR; the
+    server's own entry wins."""
+    seed_dir = tmp_path / "seed"
+    seed_dir.mkdir(mode=0o755)
+    seed_dir.chmod(0o755)
+    monkeypatch.setattr(lab, "PARSE_CACHE_SEED_DIR", str(seed_dir))
+    monkeypatch.setattr(lab, "PARSE_CACHE_SEED_OWNER", os.geteuid())  # root's on a lab host
+    monkeypatch.setattr(lab, "parse_cache_dir", lambda: str(tmp_path / "cache"))
+    argv = ["--port", "1"]
+    key = lab.ParseCache.open(argv).key
+    entry = {
+        "format": 1,
+        "key": key,
+        "resolved": repr({"model_path": "/seeded", "port": 1}),
+        "kv_events": "None",
+        "launch_command": "--port 1",
+        "version": "0.5.23",
+        "drawn": [],
+        "events": [],
+        "files": [],
+        "dirs": [],
+    }
+    (seed_dir / f"{key}.json").write_text(json.dumps(entry))
+    cache = lab.ParseCache.open(argv)
+    assert cache.lookup().resolution() == {"model_path": "/seeded", "port": 1}
+    assert not Path(cache.path).exists()  # read, not copied: a seeded start writes nothing
+    seed_dir.chmod(0o775)  # others may write it: not a seed
+    assert lab.ParseCache.open(argv).lookup() is None
+    seed_dir.chmod(0o755)
+    cache.store({**entry, "resolved": repr({"model_path": "/own", "port": 1})})
+    assert lab.ParseCache.open(argv).lookup().resolution() == {"model_path": "/own", "port": 1}
+    os.unlink(cache.path)
+    monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))  # a directory of its own only
+    assert lab.ParseCache.open(argv).lookup() is None
+
+
 def test_changed_file_misses_and_the_directory_stays_bounded(site, tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
     config = tmp_path / "config.json"

@@ -169,3 +169,23 @@ def test_argv_module_discovers_the_flags_on_the_host(run_module, fake_python, tm
     assert failed and "mutually exclusive" in both["msg"]
     missing, failed = run_module("sglang_argv", dict(args, python=str(tmp_path / "nope")))
     assert failed and missing["msg"].startswith("python: ")
+
+
+def test_argv_module_takes_the_cache_the_plan_probe_handed_over(run_module, fake_python, tmp_path, calls):
+    """The plan account cannot read the cache directory: ``cache_files`` (what root's plan probe read) is
+    looked up with the same checks; a dump of another installation is not used."""
+    settings = {"model_path": "/srv/models/target", "speculative_algorithm": "DFLASH"}
+    root_run = {"python": fake_python, "cache_dir": str(tmp_path / "cache"), "settings": settings}
+    first, failed = run_module("sglang_argv", root_run)
+    assert not failed and first["capabilities_cached"] is False
+    cache = {p.name: json.loads(p.read_text()) for p in (tmp_path / "cache").iterdir()}
+    unreadable = dict(root_run, cache_dir=str(tmp_path / "not-readable"), _ansible_check_mode=True)
+    calls.clear()
+    hit, failed = run_module("sglang_argv", dict(unreadable, cache_files=cache))
+    assert not failed and hit["capabilities_cached"] is True and hit["argv"] == first["argv"]
+    assert [c["kind"] for c in calls] == ["probe"]
+    other = {name: dict(data, record_sha256="0" * 64) for name, data in cache.items()}
+    calls.clear()
+    miss, failed = run_module("sglang_argv", dict(unreadable, cache_files=other))
+    assert not failed and miss["capabilities_cached"] is False
+    assert [c["kind"] for c in calls] == ["probe", "dump"]

@@ -203,7 +203,10 @@ def test_a_known_good_file_that_does_not_match_its_recorded_hash_is_not_restored
 
 
 def test_no_known_good_set_keeps_the_marker_and_says_the_files_are_unverified(host):
-    shutil.rmtree(host["root"] / "state" / "known-good")
+    # The known-good set is a symlink to its generation directory (library/sglang_history.py): remove both.
+    link = host["root"] / "state" / "known-good"
+    shutil.rmtree(link.resolve())
+    link.unlink()
     r = heal(host)
     assert (
         r.returncode == 1 and "cannot read the known-good metadata" in r.stdout and "UNVERIFIED" in r.stdout

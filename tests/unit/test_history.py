@@ -100,6 +100,44 @@ def test_cli_table_and_json(run_module, tmp_path):
     assert missing.returncode == 1 and "no history yet" in missing.stderr
 
 
+def test_known_good_set_is_switched_by_one_rename_of_a_symlink(run_module, tmp_path):
+    """Issue 14 item 3: the set is written into a new generation directory, then the known-good path becomes a
+    symlink to it by one rename; the previous generation (and a real directory an older role kept) goes."""
+    unit, env = tmp_path / "sglang.service", tmp_path / "sglang.env"
+    state = tmp_path / "state"
+    legacy = state / "known-good"
+    legacy.mkdir(parents=True)
+    (legacy / "sglang.env").write_text("OLD=1\n")  # the set an older version of the role kept
+
+    def keep(window):
+        unit.write_text(f"[Service]\nExecStart=/bin/true {window}\n")
+        env.write_text(f"W={window}\n")
+        args = {
+            "path": str(tmp_path / "history.jsonl"),
+            "record": {"result": "verified"},
+            "known_good": {
+                "dir": str(legacy),
+                "files": {"unit": str(unit), "env": str(env)},
+                "meta_name": "sglang.json",
+                "meta": {"window": window},
+                "api_key": "",
+            },
+        }
+        result, failed = run_module("sglang_history", args)
+        assert not failed, result
+        return os.readlink(legacy)
+
+    first = keep(2048)
+    assert legacy.is_symlink() and first.startswith("known-good.") and "/" not in first
+    assert sorted(p.name for p in state.iterdir()) == ["known-good", first]  # the legacy directory is gone
+    assert (legacy / "sglang.env").read_text() == "W=2048\n"
+    assert oct((state / first).stat().st_mode & 0o777) == "0o700"
+    second = keep(4096)
+    assert second != first and sorted(p.name for p in state.iterdir()) == ["known-good", second]
+    assert json.loads((legacy / "sglang.json").read_text())["window"] == 4096
+    assert (legacy / "sglang.service").read_text().endswith("4096\n")
+
+
 def test_known_good_keeps_the_verified_files_and_records_their_hashes(run_module, tmp_path):
     import hashlib
 

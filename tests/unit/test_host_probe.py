@@ -12,11 +12,13 @@ import json
 import os
 import pwd
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_release import release_key
 from ansible.module_utils.sglang_systemd import parse_show
 from conftest import FIXTURES, load_module
 
@@ -152,6 +154,7 @@ def test_nothing_installed_yet(run_module, host, tmp_path):
         "venv": False,
         "versions": [],
         "marker": None,
+        "release": None,
         "missing_packages": ["python3-venv", "rsync", "git"],
         "bad_dirs": [d["path"] for d in args["dirs"]] + args["user_dirs"],
         "group_ok": False,
@@ -190,6 +193,57 @@ def test_everything_as_wanted(run_module, host, tmp_path, check_mode):
     assert sorted(host["calls"]) == ["dpkg-query", "systemctl"] and host["warned"] == []
     assert result["systemd"]["DropInPaths"] == "" and result["dropins"] == []
     assert sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+
+def test_release_the_settings_want_is_found_by_its_key_and_complete_only_with_its_marker(
+    run_module, host, tmp_path
+):
+    """With ``release`` the probe asks the system Python for major.minor (this interpreter here), keys the
+    release by it and the wanted install, and probes that directory; a directory whose marker does not name
+    the key (an interrupted build) is not complete."""
+    build_good_host(tmp_path)
+    wanted = recorded("marker-lab.json")
+    python = os.path.realpath(sys.executable)
+    version = "{}.{}".format(*sys.version_info[:2])
+    key = release_key(wanted, version)
+    release = tmp_path / "releases" / key
+    shutil.copytree(tmp_path / "venv", release)
+    spec = {
+        "dir": str(tmp_path / "releases"),
+        "wanted": wanted,
+        "python": python,
+        "marker_name": "sglang-deploy-install.json",
+    }
+    args = {**want(tmp_path), "release": spec}
+    del args["venv"], args["marker"]
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed, result
+    assert result["release"]["key"] == key and key.startswith(f"0.5.23-py{version}-")
+    assert result["release"]["path"] == str(release) and result["release"]["complete"] is False
+    assert result["venv"] is True and result["versions"] == ["0.5.23"]
+    (release / "sglang-deploy-install.json").write_text(json.dumps(dict(wanted, release=key, python=version)))
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed and result["release"]["complete"] is True, result
+    assert result["release"]["marker_sha256"] == sha256(release / "sglang-deploy-install.json")
+    assert result["release"]["entries"] == [key]
+    # Another dependency set is another release, not this one.
+    other = dict(wanted, dependencies=dict(wanted["dependencies"], resolved_by_pip=True))
+    result, failed = run_module("sglang_host_probe", dict(args, release=dict(spec, wanted=other)))
+    assert not failed and result["release"]["key"] != key and result["release"]["exists"] is False
+    result, failed = run_module(
+        "sglang_host_probe", dict(args, release=dict(spec, python=str(tmp_path / "no")))
+    )
+    assert failed and "the Python SGLang releases are made with" in result["msg"]
+
+
+def test_a_release_is_running_when_the_mainpid_was_started_from_it():
+    """``release.running`` (install.yml refuses to rebuild such a release): argv[0] of MainPID - here this
+    test's own process - lies in the release directory."""
+    probe = load_module("sglang_host_probe")
+    argv0 = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    assert probe.runs_from(str(os.getpid()), os.path.dirname(argv0)) is True
+    assert probe.runs_from(str(os.getpid()), os.path.dirname(argv0) + "-other") is False
+    assert probe.runs_from("0", os.path.dirname(argv0)) is False and probe.runs_from("", "/") is False
 
 
 def test_packages_listed_out_of_order_and_unknown_ones(run_module, host, tmp_path):

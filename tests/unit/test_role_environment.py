@@ -52,7 +52,15 @@ PLAY = [
                         ],
                         "secret_positions": [5],
                         "env": {"SGLANG_DDTREE_MAX_TOPK": "4"},
-                    }
+                    },
+                    # ... and for the probe's release (the unit's launcher names its python).
+                    "__sglang_probe": {
+                        "release": {
+                            "key": "0.5.23-py3.11-0123456789ab",
+                            "path": "/opt/sglang/releases/0.5.23-py3.11-0123456789ab",
+                            "python_version": "3.11",
+                        }
+                    },
                 },
             },
             {
@@ -162,6 +170,15 @@ def test_only_the_api_key_reference_is_substituted_in_the_unit(rendered):
     assert '"--served-model-name" "$${SGLANG_API_KEY}"' in unit
     assert '"--api-key" "${SGLANG_API_KEY}"' in unit
     assert SENTINEL not in unit
+
+
+def test_execstart_names_the_release_not_sglang_venv(rendered):
+    """Issue 14 item 1: the default launcher "{{ sglang_venv }}/bin/sglang" names the release's script."""
+    unit = rendered["nccl-on"]["unit"]
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    release = "/opt/sglang/releases/0.5.23-py3.11-0123456789ab"
+    assert line.startswith(f'ExecStart="{release}/bin/sglang" "serve"'), line
+    assert "/opt/sglang/venv" not in unit
 
 
 def test_the_verification_passes_that_environment():

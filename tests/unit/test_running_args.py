@@ -531,6 +531,29 @@ def test_a_flag_the_role_did_not_render_fails_naming_the_flag(monkeypatch, run):
     assert result["argv_diff"][0] in result["msg"]
 
 
+def test_the_running_release_is_asserted_by_server_info_version_and_cmdline_path(monkeypatch, run):
+    """The recorded server runs SGLang 0.5.23 from /opt/sglang/venv: that release passes; another release
+    directory or version fails naming what runs (issue 14 item 1: the running version after every restart)."""
+    FakeHost(monkeypatch)
+    result, failed = run(args(expected_release={"path": "/opt/sglang/venv", "version": "0.5.23"}))
+    assert not failed, result["msg"]
+    assert result["reported"]["release"] == {"version": "0.5.23", "argv0": "/opt/sglang/venv/bin/python"}
+    FakeHost(monkeypatch)
+    want = {"path": "/opt/sglang/releases/0.5.24-py3.11-0123456789ab", "version": "0.5.24"}
+    result, failed = run(args(expected_release=want))
+    assert failed
+    assert [d for d in result["diff"] if d.startswith(("version:", "release:"))] == [
+        "version: expected SGLang 0.5.24 (release /opt/sglang/releases/0.5.24-py3.11-0123456789ab), "
+        "/server_info reports '0.5.23'",
+        "release: expected a process of the release /opt/sglang/releases/0.5.24-py3.11-0123456789ab, "
+        "/proc/98/cmdline starts with '/opt/sglang/venv/bin/python'",
+    ]
+    # /opt/sglang/venv-old is not inside /opt/sglang/venv.
+    FakeHost(monkeypatch)
+    result, failed = run(args(expected_release={"path": "/opt/sglang/ven", "version": "0.5.23"}))
+    assert failed and "release: expected a process of the release /opt/sglang/ven," in result["msg"]
+
+
 def test_a_missing_flag_another_value_and_another_launcher_are_named_and_the_key_never_shown(
     monkeypatch, run
 ):

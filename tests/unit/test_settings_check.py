@@ -28,6 +28,7 @@ SENTINEL = "sk-sentinel-settings-41"
 def settings(tmp_path):
     s = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     s["sglang_launcher"] = [s["sglang_venv"] + "/bin/sglang", "serve"]
+    s["sglang_releases_dir"] = "/opt/sglang/releases"
     s["sglang_start_limit_interval_sec"] = (
         s["sglang_start_limit_burst"] * (s["sglang_ready_timeout"] + s["sglang_restart_sec"]) + 30
     )
@@ -103,6 +104,8 @@ def test_the_role_defaults_pass(settings):
         ),
         ("sglang_version", "latest", 'sglang_version="latest": must be a release version such as 0.5.23'),
         ("sglang_launcher", [], "sglang_launcher: must be a non-empty list of strings"),
+        ("sglang_releases_dir", "releases", 'sglang_releases_dir="releases": must be an absolute path'),
+        ("sglang_releases_keep", 0, "sglang_releases_keep=0 (int): must be an integer from 1 to 100"),
     ],
 )
 def test_one_broken_rule_names_its_setting(settings, name, value, expected):
