@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labtools import ansible_env, ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_INVENTORY_DIR = REPO / "inventory" / "lab"
@@ -44,9 +45,6 @@ UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"
 HISTORY_PATH = "/var/lib/sglang-deploy/history.jsonl"
 BASELINE_WINDOW = 2048
-# The tests' own SSH master connections (LabHost.ssh): this user's directory, 0700, as Ansible's ~/.ansible/cp
-# (a socket path must stay short; %C is a hash of the connection).
-SSH_CONTROL_DIR = Path.home() / ".ansible" / "cp-it"
 # deploy.yml's last play, the one that deploys SGLang (knobs mapped, then the sglang role).
 SGLANG_PLAYBOOK = "playbooks/sglang.yml"
 
@@ -55,16 +53,6 @@ SGLANG_PLAYBOOK = "playbooks/sglang.yml"
 FAST_VERIFY = {"sglang_stable_seconds": 6, "sglang_health_count": 2}
 # A restore injects nothing: the lab inventory's own window (inventory/lab/group_vars/lab/lab.yml) is enough.
 RESTORE_VERIFY = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
-
-
-def ansible_env() -> dict[str, str]:
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
 
 
 @dataclass
@@ -89,29 +77,11 @@ class LabHost:
         hosts = data["all"]["children"]["gpu_nodes"]["hosts"]
         self.name = sorted(hosts)[0]
         self.vars = hosts[self.name]
-        SSH_CONTROL_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- transport ---------------------------------------------------------------------------------
     def ssh_argv(self, command: str) -> list[str]:
-        """ssh to the host; one master connection per host (ControlPersist, as Ansible's own), so the many
-        short reads of a test cost ~0.05 s each instead of a new handshake (~0.3 s on the 2-core machine)."""
-        hv = self.vars
-        return [
-            "ssh",
-            "-i",
-            hv["ansible_ssh_private_key_file"],
-            *shlex.split(hv.get("ansible_ssh_common_args", "")),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ControlMaster=auto",
-            "-o",
-            "ControlPersist=30s",
-            "-o",
-            f"ControlPath={SSH_CONTROL_DIR}/%C",
-            f"{hv.get('ansible_user', 'root')}@{hv['ansible_host']}",
-            command,
-        ]
+        """ssh to the host (labtools.ssh_argv: one master connection per host)."""
+        return ssh_argv(self.vars, command)
 
     def ssh(self, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
         r = subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout)

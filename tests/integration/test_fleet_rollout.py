@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labtools import ansible_env, ssh_argv
 
 pytestmark = pytest.mark.lab
 
@@ -128,16 +129,6 @@ print(json.dumps({"status": status, "complete": complete, "start": start, "secon
 """
 
 
-def ansible_env() -> dict[str, str]:
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
-
-
 class Fleet:
     def __init__(self, keys: dict[str, str]):
         self.keys = keys
@@ -148,9 +139,7 @@ class Fleet:
         self.runs: list[str] = []  # every ansible-playbook output, for the "no key printed" check
 
     def ssh_argv(self, host: str, command: str) -> list[str]:
-        hv = self.hv[host]
-        argv = ["ssh", "-i", hv["ansible_ssh_private_key_file"], *shlex.split(hv["ansible_ssh_common_args"])]
-        return argv + ["-o", "BatchMode=yes", f"root@{hv['ansible_host']}", command]
+        return ssh_argv(self.hv[host], command, user="root")
 
     def ssh(self, host: str, command: str, stdin: str | None = None) -> str:
         r = subprocess.run(

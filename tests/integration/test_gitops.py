@@ -44,6 +44,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labtools import ssh_argv
 
 pytestmark = pytest.mark.lab
 
@@ -62,7 +63,6 @@ PLANTED_FILE = "/root/gitops-planted"
 PLAN_USER = "sglang-plan"
 PROBE_SOCKET = "/run/sglang-plan-probe.sock"
 SENTINEL_ENV = "sentinel-gitops-ci-token-41d7"
-SSH_CONTROL_DIR = Path.home() / ".ansible" / "cp-it"
 PLANTED_TASK = f"""
 - name: Planted by a pull request
   ansible.builtin.copy:
@@ -94,26 +94,7 @@ class Host:
         self.controller_address = self.address.rsplit(".", 1)[0] + ".1"
 
     def ssh(self, command: str, check=True, timeout=300, user=None) -> subprocess.CompletedProcess:
-        hv = self.vars
-        argv = [
-            "ssh",
-            "-i",
-            hv["ansible_ssh_private_key_file"],
-            *shlex.split(hv["ansible_ssh_common_args"]),
-            "-o",
-            "BatchMode=yes",
-            # One master connection per host, as tests/integration/conftest.py's LabHost.ssh (same directory).
-            "-o",
-            "ControlMaster=auto",
-            "-o",
-            "ControlPersist=30s",
-            "-o",
-            f"ControlPath={SSH_CONTROL_DIR}/%C",
-            f"{user or hv['ansible_user']}@{self.address}",
-            command,
-        ]
-        SSH_CONTROL_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return run(argv, check=check, timeout=timeout)
+        return run(ssh_argv(self.vars, command, user=user), check=check, timeout=timeout)
 
     def state(self) -> dict:
         out = self.ssh(

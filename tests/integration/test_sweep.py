@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from labtools import ansible_env, ssh_argv
 
 pytestmark = pytest.mark.lab
 
@@ -43,15 +43,6 @@ CRASH = {
 REJECTED = {"name": "topk-2", "settings": {"sglang_speculative_topk": 2}}
 
 
-def env() -> dict:
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
-
-
 class Host:
     def __init__(self, inventory: Path):
         self.inventory = inventory
@@ -60,18 +51,9 @@ class Host:
         self.vars = hosts[self.name]
 
     def ssh(self, command: str) -> str:
-        hv = self.vars
-        argv = [
-            "ssh",
-            "-i",
-            hv["ansible_ssh_private_key_file"],
-            *shlex.split(hv.get("ansible_ssh_common_args", "")),
-            "-o",
-            "BatchMode=yes",
-            f"{hv.get('ansible_user', 'root')}@{hv['ansible_host']}",
-            command,
-        ]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+        return subprocess.run(
+            ssh_argv(self.vars, command), capture_output=True, text=True, timeout=60, check=True
+        ).stdout
 
     def argv(self, playbook: str, extra: dict) -> list[str]:
         return [
@@ -127,7 +109,7 @@ def sweep(host, tmp_path_factory):
     run1 = subprocess.Popen(
         host.argv("playbooks/sweep.yml", extra),
         cwd=REPO,
-        env=env(),
+        env=ansible_env(),
         stdin=subprocess.DEVNULL,  # ansible-playbook refuses a non-blocking stdin it inherited
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,7 +135,7 @@ def sweep(host, tmp_path_factory):
     run2 = subprocess.run(
         host.argv("playbooks/sweep.yml", extra),
         cwd=REPO,
-        env=env(),
+        env=ansible_env(),
         capture_output=True,
         text=True,
         timeout=600,
