@@ -40,6 +40,17 @@ FAST = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
 SLOW = dict(FAST, sglang_environment={"SGLANG_LAB_LOAD_SECONDS": "40"})
 SGLANG_PLAY = "playbooks/sglang.yml"
 STOPPED = "a previous run stopped between writing and verifying"
+# Every process in ssh.service's cgroup but the listener and this command's own ancestors (the lab image has
+# no logind: ssh sessions stay in that cgroup), killed as a shutdown would; prints each one's command line.
+KILL_OTHER_SESSIONS = r"""
+keep=" $(systemctl show -p MainPID --value ssh.service) "
+p=$$; while [ "$p" -gt 1 ]; do keep="$keep$p "; p=$(awk '/^PPid:/ {print $2}' /proc/$p/status); done
+for pid in $(cat "/sys/fs/cgroup$(systemctl show -p ControlGroup --value ssh.service)/cgroup.procs"); do
+  case "$keep" in *" $pid "*) continue ;; esac
+  [ -e "/proc/$pid" ] || continue
+  echo "$pid $(tr '\0' ' ' < /proc/$pid/cmdline 2>/dev/null)"; kill -KILL "$pid" 2>/dev/null
+done; true
+"""
 
 
 def start_playbook(lab_host, window: int, extra: dict, out: Path) -> subprocess.Popen:
@@ -138,12 +149,18 @@ def test_a_reboot_after_the_kill_starts_the_known_good_configuration(lab_host, w
     try:
         marker = kill_in_the_verified_restart(lab_host, workdir / "killed.log")
         since = lab_host.ssh("date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
-        # The shutdown half of a reboot, and /run (a tmpfs) emptied: the dead run's lock goes with it.
+        # The shutdown half of a reboot: every process of the killed run still on the host goes (a module it
+        # had begun would run on under its sshd session after the controller died, and could start the unit
+        # a second time after the "boot"; printed, none seen so far), SGLang stops, and /run (a tmpfs) is
+        # emptied: the dead run's lock goes with it.
+        killed = lab_host.ssh(KILL_OTHER_SESSIONS).stdout
+        print("processes of other ssh sessions killed by the replayed shutdown:", killed or "none")
         lab_host.ssh(f"systemctl stop {UNIT} && rm -f {LOCK_FILE}")
         # The boot half: every unit multi-user.target wants, in its order.
         lab_host.ssh("systemctl start multi-user.target", timeout=300)
-        # Active, and its MainPID still there when its command line is read: once, in a combined run, the
-        # first MainPID was gone by then (a second start of the unit; its cause is not established).
+        # Active, and its MainPID still there when its command line is read: once (before the shutdown half
+        # killed the dead run's processes) the first MainPID was gone by then, a second start of the unit
+        # whose cause is not established; reread, and printed.
         deadline = time.monotonic() + 180
         window = None
         while time.monotonic() < deadline:
