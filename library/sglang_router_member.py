@@ -11,12 +11,13 @@ description:
   - Talks to the router's worker API (smg 1.13.0 C(GET|POST /workers), C(DELETE /workers/{id})) and to
     the worker's own load report (SGLang C(GET /v1/loads?include=core)). A worker is known by its URL;
     the router's ids (new on every C(POST)) are only reported.
-  - C(state=absent) - removes the worker, confirms the router no longer lists it (removal is asynchronous,
-    the worker is still listed right after the C(202)), then waits until the worker itself reports no
-    running and no waiting request, bounded by O(drain_timeout). Past it, O(drain_policy=fail) re-adds the
-    worker (untouched, with O(labels)) and fails; O(drain_policy=force) returns with C(drained=false) and
-    the requests still in flight in C(requests_cut). Refused, with nothing touched, when fewer than
-    O(min_ready_workers) other workers are ready.
+  - C(state=absent) - removes the worker (its C(drain_settle_secs) set to O(settle_seconds) first, C(PATCH
+    /workers/{id}), instead of the router's fixed 5 s), confirms the router no longer lists it (removal
+    is asynchronous, the worker is still listed right after the C(202)), then waits until the worker
+    itself reports no running and no waiting request, bounded by O(drain_timeout). Past it,
+    O(drain_policy=fail) re-adds the worker (untouched, with O(labels)) and fails; O(drain_policy=force)
+    returns with C(drained=false) and the requests still in flight in C(requests_cut). Refused, with
+    nothing touched, when fewer than O(min_ready_workers) other workers are ready.
   - C(state=present) - adds the worker with O(labels) and waits until the router lists it C(ready) with
     those labels. A worker already listed with other labels (the router keeps a restarted worker's old
     labels) is removed and added again.
@@ -65,6 +66,12 @@ options:
     description: Seconds to wait for the router to list the worker gone (absent) or ready (present).
     type: float
     default: 120
+  settle_seconds:
+    description:
+      - Seconds the router keeps the removed worker C(draining) before it drops it (its C(drain_settle_secs),
+        set for this worker before the C(DELETE)); covers a request routed to the worker just before it.
+    type: int
+    default: 1
   poll_interval:
     description: Seconds between two polls.
     type: float
@@ -131,6 +138,7 @@ labels:
   sample: {sglang_invocation: "9d1c...", version: "0.5.23"}
 """
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -194,6 +202,23 @@ class Member:
             time.sleep(self.p["poll_interval"])
 
     def remove(self, worker: dict) -> None:
+        # smg keeps a deleted worker `draining` for its drain_settle_secs (5 s by default), then drops it: a
+        # guessed wait. This module drains by the worker's own load report instead and only needs the router
+        # to stop routing to it, with a short settle for a request routed to it just before the DELETE (a
+        # stream in flight through a removal ends whole: tests/fixtures/router/SOURCE.md). Set for this
+        # worker only (PATCH, smg 1.13.0 HealthCheckUpdate); a router that refuses it keeps its own value.
+        url = f"{self.router}/workers/{worker['id']}"
+        patch = {"health": {"drain_settle_secs": self.p["settle_seconds"]}}
+        if http("PATCH", url, self.p["router_api_key"], patch)[0] == 202:
+            # The update is a background job (GET shows job_status UpdateWorker/processing until it is done):
+            # wait for it, so the DELETE after it is settled by the new value (bounded; else the old one).
+            def updated():
+                status, body = http("GET", url, self.p["router_api_key"])
+                job = body.get("job_status") if status == 200 and isinstance(body, dict) else None
+                return not (isinstance(job, dict) and job.get("job_type") == "UpdateWorker")
+
+            with contextlib.suppress(RouterError):
+                self.wait(updated, "the settle update", 10)
         status, body = http("DELETE", f"{self.router}/workers/{worker['id']}", self.p["router_api_key"])
         if status not in (202, 404):
             raise RouterError(
@@ -316,6 +341,7 @@ def main() -> None:
             "drain_policy": {"type": "str", "choices": ["fail", "force"], "default": "fail"},
             "min_ready_workers": {"type": "int", "default": 1},
             "timeout": {"type": "float", "default": 120},
+            "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
         },
         supports_check_mode=True,
@@ -324,7 +350,7 @@ def main() -> None:
     for name in ("router_url", "worker_url"):
         if not p[name].startswith(("http://", "https://")):
             module.fail_json(msg=f"{name} must be an http:// or https:// URL, got {p[name]!r}")
-    for name in ("drain_timeout", "timeout", "poll_interval", "min_ready_workers"):
+    for name in ("drain_timeout", "timeout", "poll_interval", "min_ready_workers", "settle_seconds"):
         if p[name] < 0:
             module.fail_json(msg=f"{name} must be >= 0, got {p[name]}")
     member = Member(p, module.check_mode)

@@ -24,13 +24,13 @@ OTHER = next(w for w in TWO if w is not MINE)
 
 
 class FakeRouter:
-    """Serves GET /workers, DELETE /workers/{id}, POST /workers and the worker's /v1/loads with the
+    """Serves GET /workers, PATCH and DELETE /workers/{id}, POST /workers and the worker's /v1/loads with the
     recorded bodies; removal shows only after `delete_lag` more GETs (smg removes asynchronously)."""
 
     def __init__(self, workers, loads=(0,), delete_lag=1, post_status=202):
         self.workers = copy.deepcopy(workers)
         self.loads, self.delete_lag, self.post_status = list(loads), delete_lag, post_status
-        self.calls, self.pending_delete = [], None
+        self.calls, self.pending_delete, self.patch_pending = [], None, 0
 
     def __call__(self, method, url, key="", body=None, timeout=10.0):
         path = url.split("://", 1)[1].split("/", 1)[1]
@@ -45,6 +45,15 @@ class FakeRouter:
                     self.workers = [w for w in self.workers if w["id"] != self.pending_delete[0]]
                     self.pending_delete = None
             return 200, {"workers": copy.deepcopy(self.workers), "total": len(self.workers)}
+        if method == "PATCH":
+            self.patch_pending = 1  # one GET /workers/{id} still shows the update job processing
+            answer = recorded("patch_worker_settle")
+            return answer["status"], answer["body"]
+        if method == "GET" and path.startswith("workers/"):
+            name = "get_worker_right_after_patch" if self.patch_pending else "get_worker_after_patch"
+            self.patch_pending = max(0, self.patch_pending - 1)
+            answer = recorded(name)
+            return answer["status"], answer["body"]
         if method == "DELETE":
             wid = path.split("/")[1]
             self.pending_delete = [wid, self.delete_lag]
@@ -91,7 +100,16 @@ def test_absent_removes_confirms_gone_and_drains_by_the_workers_load():
     assert not result.get("failed"), result
     assert result["changed"] and result["drained"] and result["requests_cut"] == 0
     assert result["status"] == "absent" and result["worker_id"] == MINE["id"]
-    assert ("DELETE", f"/workers/{MINE['id']}") in methods(router)
+    # its settle shortened to settle_seconds (default 1) for this worker, the update job waited for (the
+    # recorded GET shows it processing, then done), then removed
+    wid = f"/workers/{MINE['id']}"
+    changes = [(m, p, b) for m, p, b in router.calls if p == wid]
+    assert changes == [
+        ("PATCH", wid, {"health": {"drain_settle_secs": 1}}),
+        ("GET", wid, None),
+        ("GET", wid, None),
+        ("DELETE", wid, None),
+    ]
     # gone confirmed by polling (the recorded list still shows it right after the 202), then drained
     assert [w["url"] for w in router.workers] == [OTHER["url"]]
     assert sum(p == "/v1/loads" for _, p, _ in router.calls) == 3
@@ -141,7 +159,7 @@ def test_present_readds_a_restarted_worker_with_fresh_labels():
     result = run(router, state="present", labels={"sglang_invocation": "b2"})
     assert not result.get("failed"), result
     assert result["changed"] and result["status"] == "ready" and result["labels"]["sglang_invocation"] == "b2"
-    assert [m for m, _ in methods(router) if m != "GET"] == ["DELETE", "POST"]  # remove, then add
+    assert [m for m, _ in methods(router) if m != "GET"] == ["PATCH", "DELETE", "POST"]  # remove, then add
     assert result["worker_id"] != MINE["id"]
 
 
