@@ -20,12 +20,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv deps wheelhouse sglang-venv replay lab-up lab-down demo check test lint unit suite-ids lab-server \
-	lab-tooling integration lab-tests molecule bench clean check-logged
+	lab-tooling integration lab-tests molecule bench clean
 
 help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
 	@echo "make check     quick feedback, no lab host, no root (<= 3 min): lint, unit tests (module docs included), suite ids"
-	@echo "make test      the whole suite side by side: check; lab server, lab tooling and integration in one run; molecule (<= 20 min warm)"
+	@echo "make test      the whole suite: check, then lab server, lab tooling and integration in one run, molecule (<= 20 min warm)"
 	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts + LAB_ROUTERS router hosts (default 0), write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
@@ -150,17 +150,11 @@ molecule: deps venv wheelhouse
 	for s in $(MOLECULE_SCENARIOS); do cat .lab/molecule/$$s.log; done; \
 	if [ $$rc -ne 0 ]; then echo "molecule scenarios FAILED:$$failed (logs in .lab/molecule/)"; fi; exit $$rc
 
-# check, the lab tests and the molecule scenarios run AT THE SAME TIME, once their shared prerequisites are
-# built (their lab hosts are distinct: lab99/lab100+N/... and lab11/lab12): the lab runs mostly wait for lab
-# servers to load and stay stable, so the two cores serve check's lint and unit tests meanwhile. The output of
-# check and of molecule goes to their logs (.lab/check.log, .lab/molecule/), printed when each ends.
-test: deps venv wheelhouse replay sglang-venv
-	$(MAKE) --no-print-directory -j3 check-logged lab-tests molecule
-
-check-logged:
-	mkdir -p .lab
-	rc=0; $(MAKE) --no-print-directory check > .lab/check.log 2>&1 < /dev/null || rc=$$?; cat .lab/check.log; \
-	if [ $$rc -ne 0 ]; then echo "make check FAILED (log in .lab/check.log)"; fi; exit $$rc
+# After check, the lab tests and the molecule scenarios run AT THE SAME TIME (their lab hosts are distinct:
+# lab99/lab100+N/... and lab11/lab12): both mostly wait for lab servers to load and stay stable, so two
+# cores serve both. Molecule's output goes to its logs and is printed when it ends.
+test: check
+	$(MAKE) --no-print-directory -j2 lab-tests molecule
 
 bench: deps venv wheelhouse
 	$(BIN)/python bench/deploy_timings.py

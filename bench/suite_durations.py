@@ -6,9 +6,9 @@
 
 Runs the same make targets as `make check` (lint, unit, suite-ids) and, with `lab` or `all`, the lab
 parts of `make test` (lab-tests: lab server, lab tooling and integration in one pytest-xdist run;
-molecule; root, lab hosts), one after the other to time each (`make test` runs check beside them, so
-its wall time is less than the sum). Every pytest run writes a JUnit XML (PYTEST_ADDOPTS=--junitxml=...;
-the test's time there is setup + call + teardown, as `pytest --durations=0` splits it), and each target's
+molecule; root, lab hosts), one after the other as `make test` does. Every pytest run writes a JUnit
+XML (PYTEST_ADDOPTS=--junitxml=...; the test's time there is setup + call + teardown, as
+`pytest --durations=0` splits it), and each target's
 make output goes to a log beside it. Prints the wall time of each part, the 15 slowest tests and the
 total, against the budgets of issue 15 (check <= 3 min; the whole `make test` <= 20 min, caches warm).
 Exit status: 1 when a part failed, else 0 (a budget overrun is printed, not fatal).
