@@ -47,6 +47,7 @@ from apt_fixture import (
     run,
     serve_repo,
 )
+from labtools import ansible_env
 
 pytestmark = pytest.mark.lab
 
@@ -155,16 +156,6 @@ def write_overlay(repo_settings: dict) -> None:
         lines += ["# " + line for line in textwrap.wrap(reason, 96)]
         lines.append(f"{key}: {json.dumps(value)}")
     OVERLAY.write_text("\n".join(lines) + "\n")
-
-
-def ansible_env() -> dict:
-    return dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-        PATH=f"{BIN}:{os.environ['PATH']}",
-    )
 
 
 def ssh(command: str, timeout: int = 120) -> str:

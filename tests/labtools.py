@@ -1,5 +1,6 @@
-"""What the lab-host tests share to reach a host: the environment of their ansible-playbook runs and the ssh
-command line of their own reads (one master connection per host, as Ansible's own)."""
+"""What the lab-host tests (tests/integration, tests/gpu_roles) share to reach a host: the environment of
+their ansible-playbook runs and the ssh command line of their own reads (one master connection per host,
+as Ansible's own)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import shlex
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # The tests' SSH master connections: this user's directory, 0700, as Ansible's ~/.ansible/cp (a socket path
 # must stay short; %C is a hash of the connection).
 SSH_CONTROL_DIR = Path.home() / ".ansible" / "cp-it"
