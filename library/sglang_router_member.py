@@ -219,7 +219,7 @@ class Member:
 
             with contextlib.suppress(RouterError):
                 self.wait(updated, "the settle update", 10)
-        status, body = http("DELETE", f"{self.router}/workers/{worker['id']}", self.p["router_api_key"])
+        status, body = http("DELETE", url, self.p["router_api_key"])
         if status not in (202, 404):
             raise RouterError(
                 f"router {self.router} refused DELETE /workers/{worker['id']} "
