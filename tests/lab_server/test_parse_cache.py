@@ -62,6 +62,22 @@ def key(argv: list[str]) -> str:
     return lab.parse_cache_key(argv, lab.sglang_identity())
 
 
+def minimal_entry(key: str, model_path: str) -> dict:
+    """A cache entry with nothing drawn or read: port 1 and the model path resolved, SGLang 0.5.23."""
+    return {
+        "format": 1,
+        "key": key,
+        "resolved": repr({"model_path": model_path, "port": 1}),
+        "kv_events": "None",
+        "launch_command": "--port 1",
+        "version": "0.5.23",
+        "drawn": [],
+        "events": [],
+        "files": [],
+        "dirs": [],
+    }
+
+
 def test_key_covers_argv_release_python_environment_and_this_file(site, tmp_path, monkeypatch):
     argv = ["--model-path", "/srv/models/lab-target", "--port", "30000"]
     base = key(argv)
@@ -247,18 +263,7 @@ def test_replay_prints_what_the_parse_printed(tmp_path):
 def test_corrupt_or_unreadable_entry_is_ignored_with_one_line(site, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SGLANG_LAB_PARSE_CACHE_DIR", str(tmp_path / "cache"))
     cache = lab.ParseCache.open(["--port", "1"])
-    entry = {
-        "format": 1,
-        "key": cache.key,
-        "resolved": repr({"model_path": "/m", "port": 1}),
-        "kv_events": "None",
-        "launch_command": "--port 1",
-        "version": "0.5.23",
-        "drawn": [],
-        "events": [],
-        "files": [],
-        "dirs": [],
-    }
+    entry = minimal_entry(cache.key, "/m")
     cache.store(entry)
     assert (os.stat(cache.path).st_mode & 0o777) == 0o600
     assert [p.name for p in Path(cache.directory).iterdir()] == [Path(cache.path).name]  # no temp file left
@@ -317,18 +322,7 @@ def test_seed_of_labctl_is_used_only_from_an_owner_only_directory(site, tmp_path
     monkeypatch.setattr(lab, "parse_cache_dir", lambda: str(tmp_path / "cache"))
     argv = ["--port", "1"]
     key = lab.ParseCache.open(argv).key
-    entry = {
-        "format": 1,
-        "key": key,
-        "resolved": repr({"model_path": "/seeded", "port": 1}),
-        "kv_events": "None",
-        "launch_command": "--port 1",
-        "version": "0.5.23",
-        "drawn": [],
-        "events": [],
-        "files": [],
-        "dirs": [],
-    }
+    entry = minimal_entry(key, "/seeded")
     (seed_dir / f"{key}.json").write_text(json.dumps(entry))
     cache = lab.ParseCache.open(argv)
     assert cache.lookup().resolution() == {"model_path": "/seeded", "port": 1}

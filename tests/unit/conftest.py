@@ -38,6 +38,23 @@ import contextlib
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
 
+class FakeResponse:
+    """What urllib.request.urlopen returns, for a recorded HTTP answer (status, JSON body)."""
+
+    def __init__(self, status, body):
+        self.status, self._body = status, body
+        self.headers = {"Content-Type": "application/json"}
+
+    def read(self):
+        return self._body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def load_module(name):
     """Import ``library/<name>.py`` afresh (module-level state never leaks between tests)."""
     path = LIBRARY / f"{name}.py"

@@ -26,7 +26,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, FakeResponse
 
 P = FIXTURES / "plan_probe"
 PROBE = REPO / "roles" / "sglang" / "files" / "sglang-plan-probe"
@@ -39,20 +39,6 @@ def load_probe():
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
-
-
-class _Resp:
-    def __init__(self, status, body):
-        self.status, self._body = status, body
-
-    def read(self):
-        return self._body
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.fixture
@@ -101,7 +87,7 @@ def host(tmp_path, monkeypatch):
         seen.append(auth)
         if auth != f"Bearer {SENTINEL}":
             raise urllib.error.HTTPError(req.full_url, 401, "x", {}, io.BytesIO(b'{"error": "Unauthorized"}'))
-        return _Resp(200, (P / "server_info.json").read_bytes())
+        return FakeResponse(200, (P / "server_info.json").read_bytes())
 
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     main_pid = int(dict(ln.split("=", 1) for ln in (P / "show.txt").read_text().splitlines())["MainPID"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
-from conftest import FIXTURES, load_module
+from conftest import FIXTURES, FakeResponse, load_module
 
 SENTINEL = "SENTINEL-SECRET-9f3c"
 J = FIXTURES / "journal"
@@ -106,22 +106,7 @@ class FakeHost:
             status, body = 401, b'{"error": "Unauthorized"}'
         if status != 200:
             raise urllib.error.HTTPError(req.full_url, status, "x", {}, io.BytesIO(body))
-        return _Resp(status, body)
-
-
-class _Resp:
-    def __init__(self, status, body):
-        self.status, self._body = status, body
-        self.headers = {"Content-Type": "application/json"}
-
-    def read(self):
-        return self._body
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        return FakeResponse(status, body)
 
 
 def args(**kw):
