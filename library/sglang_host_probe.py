@@ -63,6 +63,14 @@ options:
         description: File name of the marker inside a release.
         type: str
         required: true
+      keep:
+        description:
+          - With O(release.link), the releases to keep (library/sglang_releases.py C(keep)); C(tidy) in the
+            answer says whether that module would change nothing.
+        type: int
+      link:
+        description: The symlink library/sglang_releases.py points at the running release (C(sglang_venv)).
+        type: path
   packages:
     description: Debian packages the role needs on the host.
     type: list
@@ -235,7 +243,10 @@ release:
   description:
     - With O(release) - C(key), C(path), C(python_version), C(exists), C(complete) (its marker names the key,
       so it was built to the end), C(marker_sha256), C(entries) (the names in the releases directory) and
-      C(running) (the unit's MainPID was started from it); else null.
+      C(running) (the unit's MainPID was started from it); with O(release.link), C(tidy) (true when the
+      symlink points at this release and keeping O(release.keep) releases would remove nothing - no other
+      complete release beyond them, no interrupted build or removal - so library/sglang_releases.py has
+      nothing to do); else null.
   returned: always
   type: dict
   sample: {"key": "0.5.23-py3.11-6f1c0b7e2a91", "path": "/opt/sglang/releases/0.5.23-py3.11-6f1c0b7e2a91",
@@ -320,7 +331,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_redact import redact_text
-from ansible.module_utils.sglang_release import inside, release_key
+from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
@@ -442,7 +453,7 @@ def release_state(spec):
         entries = sorted(os.listdir(spec["dir"]))
     except OSError:
         entries = []
-    return {
+    state = {
         "key": key,
         "path": path,
         "python_version": version,
@@ -451,6 +462,12 @@ def release_state(spec):
         "marker_sha256": marker_sha256,
         "entries": entries,
     }
+    if spec.get("link"):
+        # Nothing protected: protecting the running or known-good release only removes less.
+        remove, _kept = prune_plan(spec["dir"], max(spec.get("keep") or 1, 1), [], spec["marker_name"], key)
+        link = spec["link"].rstrip("/")
+        state["tidy"] = not remove and os.path.islink(link) and os.readlink(link) == path
+    return state
 
 
 def read_pending(path):
@@ -654,6 +671,8 @@ def main():
                     wanted=dict(type="dict", required=True),
                     python=dict(type="path", required=True),
                     marker_name=dict(type="str", required=True),
+                    keep=dict(type="int"),
+                    link=dict(type="path"),
                 ),
             ),
             packages=dict(type="list", elements="str", default=[]),

@@ -236,6 +236,61 @@ def test_release_the_settings_want_is_found_by_its_key_and_complete_only_with_it
     assert failed and "the Python SGLang releases are made with" in result["msg"]
 
 
+def test_release_tidy_only_when_the_releases_module_would_change_nothing(run_module, host, tmp_path):
+    """``release.tidy`` (tasks/main.yml skips sglang_releases on it): the link points at the wanted release
+    and keeping ``keep`` releases removes nothing; a wrong link, one release too many, an interrupted build
+    or an interrupted removal each make it false."""
+    build_good_host(tmp_path)
+    wanted = recorded("marker-lab.json")
+    version = "{}.{}".format(*sys.version_info[:2])
+    key = release_key(wanted, version)
+    releases = tmp_path / "releases"
+    marker = "sglang-deploy-install.json"
+
+    def make(name):
+        (releases / name).mkdir(parents=True)
+        (releases / name / marker).write_text(json.dumps(dict(wanted, release=name, python=version)))
+
+    make(key)
+    link = tmp_path / "venv-link"
+    spec = {
+        "dir": str(releases),
+        "wanted": wanted,
+        "python": os.path.realpath(sys.executable),
+        "marker_name": marker,
+        "keep": 2,
+        "link": str(link),
+    }
+    args = {**want(tmp_path), "release": spec}
+    del args["venv"], args["marker"]
+
+    def tidy():
+        result, failed = run_module("sglang_host_probe", args)
+        assert not failed, result
+        return result["release"]["tidy"]
+
+    assert tidy() is False  # no link yet
+    link.symlink_to(releases / key)
+    assert tidy() is True
+    make("0.5.22-py3.11-aaaaaaaaaaaa")
+    assert tidy() is True  # 2 complete releases, keep 2
+    make("0.5.21-py3.11-bbbbbbbbbbbb")
+    assert tidy() is False  # one beyond keep
+    shutil.rmtree(releases / "0.5.21-py3.11-bbbbbbbbbbbb")
+    (releases / "0.6.0-py3.11-cccccccccccc").mkdir()  # no marker: an interrupted build
+    assert tidy() is False
+    (releases / "0.6.0-py3.11-cccccccccccc").rename(releases / ".removing-0.6.0")
+    assert tidy() is False  # an interrupted removal
+    shutil.rmtree(releases / ".removing-0.6.0")
+    link.unlink()
+    link.symlink_to(releases / "0.5.22-py3.11-aaaaaaaaaaaa")
+    assert tidy() is False  # the link points at another release
+    result, failed = run_module(
+        "sglang_host_probe", dict(args, release={k: v for k, v in spec.items() if k != "link"})
+    )
+    assert not failed and "tidy" not in result["release"], result
+
+
 def test_a_release_is_running_when_the_mainpid_was_started_from_it():
     """``release.running`` (install.yml refuses to rebuild such a release): argv[0] of MainPID - here this
     test's own process - lies in the release directory."""
