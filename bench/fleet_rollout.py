@@ -59,7 +59,7 @@ class Bench:
             env = self.env()
             if profile:  # ansible.posix's profile_tasks: each task's seconds, the slowest listed at the end
                 env.update(
-                    ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks",
+                    ANSIBLE_CALLBACKS_ENABLED="sglang_ansiballz_cache,ansible.posix.profile_tasks",
                     PROFILE_TASKS_TASK_OUTPUT_LIMIT="15",
                 )
             start = time.monotonic()

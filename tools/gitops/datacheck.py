@@ -15,8 +15,8 @@ base's own role argument specs, before it is written into the base tree:
   ArgumentSpecValidator, as the role's own validation), or is refused naming the closest option.
 
 Every file is classified as data, inert (docs, tests, lab tooling: the plan never runs them) or
-code (everything else: playbooks, roles, library, module_utils, action_plugins, ansible.cfg,
-tools, templates, requirements, ...).
+code (everything else: playbooks, roles, library, module_utils, action_plugins, callback_plugins,
+ansible.cfg, tools, templates, requirements, ...).
 
 Needs PyYAML and ansible-core (the controller virtualenv, `make venv`).
 """
