@@ -2,10 +2,12 @@
 """Wall time of the rolling deploy through the router (issue 17) on lab GPU hosts behind a lab router.
 
 Two figures, printed (asserts nothing):
-  1. a window change rolled through 2 hosts (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time
-     beyond the sum of each host's drain (the "drained in X s" the run reports) and server start (restart
-     request -> ready, the verified restart's timings in the host's history), in total and per host
-     (target <= 5 s per host); the stability window (sglang_stable_seconds) is shown apart;
+  1. a window change rolled through 1 host, then through 2 others (playbooks/sglang.yml, sglang_rollout_batch
+     1): the wall time beyond the sum of each host's drain (the "drained in X s" the run reports) and server
+     start (restart request -> ready, the verified restart's timings in the host's history), in total and
+     per host, the stability window (sglang_stable_seconds) shown apart; and what one more host adds beyond
+     its drain + start (the 2-host figure minus the 1-host one: the run's fixed part cancels out; target
+     <= 5 s per host);
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts (target: 4 hosts <= 1.5x 1 host).
 
 Brings up `--hosts 4 --routers 1` lab hosts from --first-index (its own inventory
@@ -98,6 +100,35 @@ class Bench:
         return json.loads(out)["plays"][0]["tasks"][0]["hosts"][host]["records"][-1]["timings"]
 
 
+def rollout(bench: Bench, hosts: list[str]) -> float:
+    """Roll window 2048 -> 4096 through ``hosts`` (batch 1), print the figures, return the wall time beyond
+    the sum of each host's drain + server start."""
+    wall, out = bench.play(
+        "playbooks/sglang.yml", "-e", "window=4096", "--limit", ",".join(hosts), profile=True
+    )
+    drains = {h: float(s) for h, s in re.findall(r"(lab\d+) left lab\d+: drained in ([0-9.]+) s", out)}
+    rows, accounted = [], 0.0
+    for host in hosts:
+        t = bench.last_timings(host)
+        start, stable = t["started_to_ready"], t["stable"] - t["ready"]
+        accounted += drains.get(host, 0.0) + start
+        rows.append((host, drains.get(host), start, stable))
+    beyond = wall - accounted
+    print(f"rollout of {len(hosts)} host(s) (window 2048 -> 4096, batch 1): {wall:.1f} s wall")
+    for host, drain, start, stable in rows:
+        print(f"  {host}: drain {drain} s, server start->ready {start:.2f} s, stability {stable:.2f} s")
+    print("  slowest tasks of that run (ansible.posix profile_tasks):")
+    for task, seconds in re.findall(r"^(.+?) -{2,} +([0-9.]+s)$", out, re.M):
+        print(f"    {seconds:>8}  {task.strip()}")
+    stable_sum = sum(r[3] for r in rows)
+    n = len(hosts)
+    print(
+        f"  beyond drain + start: {beyond:.1f} s = {beyond / n:.1f} s per host; "
+        f"without the stability windows: {(beyond - stable_sum) / n:.1f} s per host"
+    )
+    return beyond
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -113,26 +144,14 @@ def main() -> int:
     subprocess.run(up, check=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     try:
         bench.play("deploy.yml", "-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
-        two = ",".join(bench.gpu[:2])
-        wall, out = bench.play("playbooks/sglang.yml", "-e", "window=4096", "--limit", two, profile=True)
-        drains = {h: float(s) for h, s in re.findall(r"(lab\d+) left lab\d+: drained in ([0-9.]+) s", out)}
-        rows, accounted = [], 0.0
-        for host in bench.gpu[:2]:
-            t = bench.last_timings(host)
-            start, stable = t["started_to_ready"], t["stable"] - t["ready"]
-            accounted += drains.get(host, 0.0) + start
-            rows.append((host, drains.get(host), start, stable))
-        beyond = wall - accounted
-        print(f"rollout of 2 hosts (window 2048 -> 4096, batch 1): {wall:.1f} s wall")
-        for host, drain, start, stable in rows:
-            print(f"  {host}: drain {drain} s, server start->ready {start:.2f} s, stability {stable:.2f} s")
-        print("  slowest tasks of that run (both hosts' batches, ansible.posix profile_tasks):")
-        for task, seconds in re.findall(r"^(.+?) -{2,} +([0-9.]+s)$", out, re.M):
-            print(f"    {seconds:>8}  {task.strip()}")
-        stable_sum = sum(r[3] for r in rows)
+        # The same window change rolled through 1 host, then through 2 others: what a host adds to the rollout
+        # beyond its own drain + start is the difference (the run's fixed part - Ansible's start, the first
+        # play's parse - cancels out).
+        beyond = {n: rollout(bench, hosts) for n, hosts in ((1, bench.gpu[:1]), (2, bench.gpu[1:3]))}
         print(
-            f"  beyond drain + start: {beyond:.1f} s = {beyond / 2:.1f} s per host (target <= 5 s); "
-            f"without the stability windows: {(beyond - stable_sum) / 2:.1f} s per host"
+            f"  per-host overhead beyond drain + start, fixed part excluded (2 hosts - 1 host): "
+            f"{beyond[2] - beyond[1]:.1f} s (target <= 5 s); the fixed part of a rollout: "
+            f"{2 * beyond[1] - beyond[2]:.1f} s"
         )
         # All four hosts on window 4096 (not measured), then no-change runs on 1, 2 and 4 of them.
         bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
