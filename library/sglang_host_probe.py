@@ -463,10 +463,16 @@ def release_state(spec):
         "entries": entries,
     }
     if spec.get("link"):
-        # Nothing protected: protecting the running or known-good release only removes less.
-        remove, _kept = prune_plan(spec["dir"], max(spec.get("keep") or 1, 1), [], spec["marker_name"], key)
-        link = spec["link"].rstrip("/")
-        state["tidy"] = not remove and os.path.islink(link) and os.readlink(link) == path
+        # Nothing protected: protecting the running or known-good release only removes less. What this
+        # account cannot read (the plan account) is not tidy: sglang_releases then decides as root.
+        try:
+            remove, _kept = prune_plan(
+                spec["dir"], max(spec.get("keep") or 1, 1), [], spec["marker_name"], key
+            )
+            link = spec["link"].rstrip("/")
+            state["tidy"] = not remove and os.path.islink(link) and os.readlink(link) == path
+        except OSError:
+            state["tidy"] = False
     return state
 
 

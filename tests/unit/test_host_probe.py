@@ -289,6 +289,10 @@ def test_release_tidy_only_when_the_releases_module_would_change_nothing(run_mod
         "sglang_host_probe", dict(args, release={k: v for k, v in spec.items() if k != "link"})
     )
     assert not failed and "tidy" not in result["release"], result
+    # A releases directory this account cannot list (here: not a directory) is not tidy, never a failure.
+    (tmp_path / "not-a-dir").write_text("")
+    args["release"] = dict(spec, dir=str(tmp_path / "not-a-dir"))
+    assert tidy() is False
 
 
 def test_a_release_is_running_when_the_mainpid_was_started_from_it():
