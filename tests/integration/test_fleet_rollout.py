@@ -25,10 +25,12 @@ only. In file order:
      are as they were (the refusal comes before anything is written), the request completes;
   5. the same under force: restarted anyway, the request in flight reported (SGLang's SIGTERM drain, as
      the lab server's, still finishes it: observed and asserted);
-  6. the capacity guard refuses when the other worker is unhealthy (its server stopped), host untouched;
-  7. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
+  6. a write refused after the worker left (systemd-analyze refuses the unit): rejoined with its running
+     invocation, nothing written or restarted, the run fails naming the refusal;
+  7. the capacity guard refuses when the other worker is unhealthy (its server stopped), host untouched;
+  8. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
      same URL, the router's list never empty, the router itself untouched;
-  8. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
+  9. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
 Not here: more than one router (docs/router.md, "NOT verified").
 """
 
@@ -593,6 +595,37 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_force_is_reported_
     # Observed: SGLang's SIGTERM drain (the lab server's, as SGLang's) finished the request before the old
     # process exited, well within TimeoutStopSec; "cut" is what force risks, not what happened here.
     assert answer["status"] == 200 and answer["complete"], answer
+
+
+def test_a_write_refused_after_the_worker_left_rejoins_it_untouched(fleet):
+    """The worker leaves the router before anything is written; when the write is then refused (here
+    systemd-analyze refuses the new unit: the host's own systemd-analyze is swapped for one that says no)
+    the worker rejoins with the invocation that still runs, nothing is written or restarted, and the run
+    fails naming the refusal."""
+    canary = GPU[0]
+    before = host_state(fleet, canary)
+    window = fleet.server_info(canary)["speculative_draft_window_size"]
+    assert window != 4096 and before["pending"] == ""
+    analyze = "/usr/bin/systemd-analyze"
+    fleet.ssh(
+        canary,
+        f"mv {analyze} {analyze}.lab-real"
+        f" && printf '#!/bin/sh\\necho lab: unit refused >&2\\nexit 1\\n' > {analyze}"
+        f" && chmod 0755 {analyze}",
+    )
+    try:
+        r = fleet.playbook("-e", "window=4096", "--limit", canary, playbook="playbooks/sglang.yml")
+    finally:
+        fleet.ssh(canary, f"mv {analyze}.lab-real {analyze}")
+    assert r.returncode != 0
+    text = " ".join(r.stdout.split())
+    assert f"{canary} left {ROUTER}: drained in" in text
+    assert "systemd-analyze verify refused the new sglang.service (nothing was changed on the host)" in text
+    assert "lab: unit refused" in text
+    assert "Rejoin the router(s) with the running invocation" in r.stdout
+    assert host_state(fleet, canary) == before
+    assert fleet.listed(canary) == [("ready", before["invocation"])]
+    assert fleet.server_info(canary)["speculative_draft_window_size"] == window
 
 
 def test_the_capacity_guard_refuses_when_the_other_worker_is_unhealthy(fleet):
