@@ -303,7 +303,8 @@ pending:
   description:
     - The content of O(pending) when a run stopped between writing the files and verifying them (which
       files, their sha256 before and after, when, by whom); a dict with the key C(unreadable) when it is
-      not a JSON object; null when there is none (or without O(pending)).
+      not a JSON object (and C(not_a_file) true when the path is no regular file, a directory say); null
+      when there is none (or without O(pending)).
   returned: always
   type: dict
 dropins:
@@ -478,7 +479,15 @@ def release_state(spec):
 
 def read_pending(path):
     """The pending marker a deploy left (sglang_unit writes it, sglang_history removes it): its content,
-    ``{"unreadable": reason}`` when it is not a JSON object, None when there is none."""
+    ``{"unreadable": reason}`` when it is not a JSON object (with ``"not_a_file": True`` when the path is not
+    a regular file: nothing can replace or remove it), None when there is none."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return {"unreadable": "not a regular file", "not_a_file": True}
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"unreadable": exc.strerror or str(exc)}
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read()

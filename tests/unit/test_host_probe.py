@@ -549,7 +549,8 @@ def test_dropin_directory_names_of_a_dashed_unit():
 
 
 def test_a_pending_marker_left_by_an_interrupted_run_is_reported(run_module, host, tmp_path):
-    """What sglang_unit wrote before the files (P19); none, or none asked for: null; not JSON: unreadable."""
+    """What sglang_unit wrote before the files (P19); none, or none asked for: null; not JSON: unreadable;
+    no regular file: unreadable and not_a_file."""
     build_good_host(tmp_path)
     marker = tmp_path / "state" / "sglang.pending.json"
     args = {**want(tmp_path), "pending": str(marker)}
@@ -563,3 +564,9 @@ def test_a_pending_marker_left_by_an_interrupted_run_is_reported(run_module, hos
     marker.write_text('{"unit": ')
     result, failed = run_module("sglang_host_probe", args)
     assert not failed and result["pending"]["unreadable"].startswith("not JSON")
+    assert "not_a_file" not in result["pending"]
+    # A directory at the marker's path (made by hand): no regular file, so the role refuses to deploy.
+    marker.unlink()
+    marker.mkdir()
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed and result["pending"] == {"unreadable": "not a regular file", "not_a_file": True}
