@@ -10,7 +10,10 @@ Standard library only. A checkpoint directory gets:
 - ``tokenizer.json`` (a ``tokenizers`` WordLevel tokenizer), ``tokenizer_config.json``,
   ``generation_config.json``.
 
-Writes are idempotent: a file whose bytes are already right is left untouched (same mtime).
+Writes are idempotent: a file whose bytes are already right is left untouched (same mtime). A file
+written gets the fixed mtime CHECKPOINT_MTIME_NS, so the same checkpoint has the same (size, mtime) on
+every lab host: the role's preflight cache keys the checkpoint's config.json by them
+(library/sglang_preflight.py fingerprint), and lab/labctl carries those entries from host to host.
 
 Usage: make_checkpoint.py {target,draft} DIR
 """
@@ -24,6 +27,9 @@ import os
 import struct
 import sys
 import tempfile
+
+# 2026-01-01T00:00:00Z: the mtime of every file written here (the bytes are fixed; so is the mtime).
+CHECKPOINT_MTIME_NS = 1_767_225_600 * 10**9
 
 # The configurations SGLang 0.5.23 resolves against in this project (same keys and values as the
 # reference configs used for the parser/resolution checks).
@@ -242,6 +248,7 @@ def write_checkpoint(kind: str, directory: str) -> list[str]:
             with os.fdopen(fd, "wb") as f:
                 f.write(content)
             os.chmod(tmp, 0o644)
+            os.utime(tmp, ns=(CHECKPOINT_MTIME_NS, CHECKPOINT_MTIME_NS))
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)

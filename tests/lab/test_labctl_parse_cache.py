@@ -1,5 +1,6 @@
-"""lab/labctl keeps the lab server's parse cache across hosts: `down` keeps what a host's lab servers wrote
-(never an entry with an API key), `up` seeds every host with it (host-free: the functions on directories)."""
+"""lab/labctl keeps the lab server's parse cache and the role's SGLang caches across hosts: `down` keeps
+what a host's lab servers wrote (never an entry with an API key) and what a layer host's deploys cached,
+`up` seeds hosts with them (host-free: the functions on directories)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,47 @@ def test_down_keeps_public_entries_and_up_seeds_them_read_only(tmp_path, monkeyp
     assert "/" + labctl.PARSE_CACHE_SEED == "/var/cache/sglang-lab-server-seed"
     server = (REPO / "lab" / "sglang_lab_server.py").read_text()
     assert f'PARSE_CACHE_SEED_DIR = "/{labctl.PARSE_CACHE_SEED}"' in server
+
+
+def test_down_keeps_the_role_caches_of_a_layer_host_and_up_seeds_new_layer_hosts(tmp_path, monkeypatch):
+    """The role's preflight and capabilities caches (roles/sglang/vars/main.yml) go the same way."""
+    upper, store, root = tmp_path / "upper", tmp_path / "store", tmp_path / "root"
+    monkeypatch.setattr(labctl, "ROLE_CACHE_STORE", str(store))
+    monkeypatch.setattr(labctl, "host_paths", lambda name: {"upper": str(upper)})
+    state = upper / "var" / "lib" / "sglang-deploy"
+    for kind in ("preflight", "capabilities"):
+        (state / kind).mkdir(parents=True)
+        (state / kind / f"{kind}-1.json").write_text(json.dumps({"version": "0.5.23", "kind": kind}))
+    (state / "preflight" / "broken.json").write_bytes(b"{not json")
+    (state / "history.jsonl").write_text("{}\n")  # not a cache: stays with the host
+    assert labctl.harvest_role_cache("lab1") == ["2 role cache entries kept"]
+    assert sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file()) == [
+        "capabilities/capabilities-1.json",
+        "preflight/preflight-1.json",
+    ]
+    assert stat.S_IMODE(os.stat(store / "preflight").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(store / "preflight" / "preflight-1.json").st_mode) == 0o600
+    assert labctl.harvest_role_cache("lab1") == []  # nothing new
+
+    labctl.seed_role_cache(str(root))
+    seeded = root / "var" / "lib" / "sglang-deploy"
+    assert stat.S_IMODE(os.stat(seeded).st_mode) == 0o750
+    for kind in ("preflight", "capabilities"):
+        entry_path = seeded / kind / f"{kind}-1.json"
+        assert json.loads(entry_path.read_text()) == {"version": "0.5.23", "kind": kind}
+        assert stat.S_IMODE(os.stat(seeded / kind).st_mode) == 0o755
+        # As the modules write them: sglang_preflight 0600, sglang_capabilities 0644.
+        assert stat.S_IMODE(os.stat(entry_path).st_mode) == (0o600 if kind == "preflight" else 0o644)
+    # Where the role keeps them: the directories labctl writes.
+    assert (
+        "write_cache(module, path, data):\n    write_json_atomic(module, path, data, 0o600,"
+        in (REPO / "library" / "sglang_preflight.py").read_text()
+    )
+    assert (
+        "write_json_atomic(module, path, data, 0o644,"
+        in (REPO / "module_utils" / "sglang_capabilities.py").read_text()
+    )
+    role_vars = (REPO / "roles" / "sglang" / "vars" / "main.yml").read_text()
+    assert "__sglang_state_dir: /" + labctl.ROLE_CACHE_STATE_DIR + "\n" in role_vars
+    for kind in labctl.ROLE_CACHE_DIRS:
+        assert f'__sglang_{kind}_cache: "{{{{ __sglang_state_dir }}}}/{kind}"' in role_vars

@@ -118,6 +118,8 @@ def test_rewrite_is_idempotent(tmp_path: Path) -> None:
     shard.write_bytes(b"\0" * 8)
     assert make_checkpoint.write_checkpoint("draft", str(tmp_path)) == [shard.name]
     assert shard.read_bytes() == before[shard.name][1]
+    # Same bytes, same mtime, wherever and whenever written (the preflight cache keys config.json by it).
+    assert {p.stat().st_mtime_ns for p in tmp_path.iterdir()} == {make_checkpoint.CHECKPOINT_MTIME_NS}
     assert sorted(os.listdir(tmp_path)) == sorted(before)  # no temp files left behind
 
 
