@@ -24,16 +24,20 @@ LAB_FILE_SECONDS = {
     # 696 s in a busier one. The force test's request was made as long as the fail test's (~61 s) after that.
     # 2026-12-05: 14 passed in 605 s (controller-side cuts), + the refused write (~25 s, one failed deploy).
     "tests/integration/test_fleet_rollout.py": 630,
-    # Quiet-machine figure. On the loaded machine (other lab runs beside it): 315 s unseeded (load ~3), 333 s
-    # with the parse-cache seed (load ~5; the seed skips 5 server parses of ~7 s each, within the noise).
-    "tests/integration/test_sweep.py": 265,
-    # + ~20 s for the plan account (issue 16 item 2): on lab170 under load 5-6 (other helpers), the file took
-    # 290 s with it and 284 s at its parent commit with the same reused host; per phase +6 s the new test,
-    # +11 s the base deploy (the account and probe), +8 s the plan, apply/drift within the noise.
-    "tests/integration/test_gitops.py": 230,
+    # bench/lab_cpu.py, lab120, fixture host included, beside test_gitops.py on lab121 (load ~3): 414 s wall,
+    # 236 CPU s with an empty role-cache store, 233 s wall, 157 CPU s with the store of an earlier run (labctl
+    # carries the role's preflight cache: the 7 preflight SGLang imports, 56-60 CPU s, are gone). What is
+    # left is mostly SGLang's own benchmark client (5 runs, 32-48 CPU s) and Ansible (23-50 CPU s).
+    "tests/integration/test_sweep.py": 235,
+    # Same pair of runs, lab121: 425 s wall, 248 CPU s with an empty role-cache store; 273 s wall, 193 CPU s
+    # with it (SGLang imports 52 -> 16 CPU s: the plan account's preflight has its own cache in its home).
+    # Earlier: + ~20 s for the plan account (issue 16 item 2), 290 s on lab170 under load 5-6.
+    "tests/integration/test_gitops.py": 275,
     # 2 tests: calls 149 s -> 115 s on lab202/lab209 (load gate, 3 s windows, SSH master; 57 ssh calls),
     # plus the fixture's baseline deploy when the file is the worker's first.
     "tests/integration/test_host_lock.py": 145,
+    # Fresh host, SGLang installed through the role: 551 s wall, 252 CPU s (lab122, beside two other files,
+    # load ~5), of which pip 99 CPU s, SGLang imports 13 s; it starts bare (no role-cache seed), by design.
     "tests/gpu_roles/test_sample_inventory.py": 180,
     # 2 tests, 166 s measured on lab220 (calls; each ends with a baseline restore).
     "tests/integration/test_known_good_integrity.py": 170,
