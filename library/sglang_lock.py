@@ -134,10 +134,6 @@ message:
 """
 
 import contextlib  # noqa: E402
-import datetime  # noqa: E402
-import errno  # noqa: E402
-import fcntl  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import stat  # noqa: E402
@@ -145,32 +141,20 @@ import time  # noqa: E402
 import uuid  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_files import replace_file  # noqa: E402
+from ansible.module_utils.sglang_lock import (  # noqa: E402
+    LockError,
+    Mutex,
+    boot_id,
+    boottime,
+    describe,
+    new_record,
+    read_record,
+    renew,
+    write_record,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.@:-]+$")
 POLL_SECONDS = 0.5
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-
-
-class LockError(Exception):
-    pass
-
-
-def now_iso(offset=0.0):
-    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def boottime():
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def boot_id():
-    try:
-        with open(BOOT_ID) as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def proc_stat(pid):
@@ -246,25 +230,6 @@ def why_dead(record, current_boot, now_boot):
     return None
 
 
-def describe(record):
-    """One sentence naming the holder, for a refused run and the takeover report."""
-    if not isinstance(record, dict):
-        return "an unreadable lock record"
-    ctl = record.get("controller") or {}
-    who = (
-        f"ansible-playbook PID {ctl.get('pid', '?')} on controller {ctl.get('host', '?')} "
-        f"(user {ctl.get('user', '?')}), playbook {ctl.get('playbook') or '?'}"
-    )
-    if ctl.get("play"):
-        who += f", play {ctl['play']}"
-    anchor = record.get("anchor")
-    here = f"; on this host {anchor['comm']} PID {anchor['pid']}" if anchor else ""
-    return (
-        f"{who}{here}; holding it since {record.get('acquired', '?')}, now {record.get('doing', '?')} "
-        f"(since {record.get('updated', '?')}, lease until {record.get('lease_until', '?')})"
-    )
-
-
 def same_run(record, controller):
     keys = ("machine_id", "boot_id", "pid", "pid_start")
     ctl = (record.get("controller") or {}) if isinstance(record, dict) else {}
@@ -281,64 +246,6 @@ def ensure_dir(path):
         raise LockError(f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}")
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
-
-
-def read_record(path):
-    """The record (dict), None when there is no lock file, {} when it cannot be parsed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return {}
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read()
-    try:
-        record = json.loads(data)
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-class Mutex:
-    """flock(2) on the lock directory around one decision."""
-
-    def __init__(self, directory):
-        self.fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-
-    def __enter__(self):
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-
-
-def new_record(params, anchor, token, acquired=None):
-    lease = params["lease"]
-    now = now_iso()
-    return {
-        "version": 1,
-        "token": token,
-        "service": params["name"],
-        "acquired": acquired or now,
-        "updated": now,
-        "doing": params["doing"],
-        "controller": params["controller"],
-        "anchor": anchor,
-        "module_pid": os.getpid(),
-        "boot_id": boot_id(),
-        "lease_seconds": lease,
-        "lease_until_boottime": boottime() + lease,
-        "lease_until": now_iso(lease),
-    }
-
-
-def write_record(path, record):
-    replace_file(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), 0o600)
 
 
 def acquire(module, path, directory):
@@ -435,21 +342,17 @@ def main():
                 )
                 module.warn(result["message"])
         elif state == "renewed":
-            with Mutex(directory):
-                record = read_record(path)
-                if record is None or record.get("token") != params["token"]:
-                    holder = describe(record) if record is not None else "nobody (the lock file is gone)"
-                    module.fail_json(
-                        msg=f"this run no longer holds the deploy lock of {params['name']} ({path}): it is "
-                        f"held by {holder}. Stopping before: {params['doing']}",
-                        holder=record,
-                        **result,
-                    )
-                mine = new_record(
-                    params, record.get("anchor"), params["token"], acquired=record.get("acquired")
+            try:
+                mine = renew(
+                    directory,
+                    params["name"],
+                    params["token"],
+                    params["doing"],
+                    params["lease"],
+                    params["controller"],
                 )
-                mine["controller"] = record.get("controller") or params["controller"]
-                write_record(path, mine)
+            except LockError as exc:
+                module.fail_json(msg=str(exc), holder=read_record(path), **result)
             result.update(token=params["token"], holder=mine)
         else:
             with Mutex(directory):

@@ -75,6 +75,35 @@ options:
     description: Who is deploying (controller, user, run), copied into the marker as C(by).
     type: dict
     default: {}
+  lock:
+    description:
+      - The deploy lock this run holds (C(sglang_lock)). After the files are written, reloaded and enabled,
+        its lease is extended to O(lock.lease) and it says O(lock.doing) (what comes next, the restart); the
+        same as a C(sglang_lock) C(state=renewed) call, without its round trip. A lock that is not this run's
+        any more fails the call, naming its holder (the files are written by then; the restart is not made).
+    type: dict
+    suboptions:
+      dir:
+        description: The lock directory.
+        type: path
+        required: true
+      name:
+        description: The service the lock is for.
+        type: str
+        required: true
+      token:
+        description: The token C(sglang_lock) returned.
+        type: str
+        required: true
+        no_log: false
+      lease:
+        description: Seconds of the new lease.
+        type: int
+        required: true
+      doing:
+        description: What the run does next.
+        type: str
+        required: true
 attributes:
   check_mode:
     support: full
@@ -120,6 +149,10 @@ status:
   description: C(systemctl show) properties of the unit after the call (before it, in check mode).
   type: dict
   returned: always
+lock_renewed:
+  description: The deploy lock was renewed (O(lock) given, not check mode).
+  type: bool
+  returned: always
 pending_marker:
   description: What was written to O(pending_path) (null when no file changed, in check mode or without it).
   type: dict
@@ -135,6 +168,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
+from ansible.module_utils.sglang_lock import LockError, renew
 from ansible.module_utils.sglang_systemd import SystemctlError, analyze_verify, daemon_reload
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -234,6 +268,16 @@ def main():
             previous_dir=dict(type="path", required=True),
             pending_path=dict(type="path"),
             pending_by=dict(type="dict", default={}),
+            lock=dict(
+                type="dict",
+                options=dict(
+                    dir=dict(type="path", required=True),
+                    name=dict(type="str", required=True),
+                    token=dict(type="str", required=True, no_log=False),
+                    lease=dict(type="int", required=True),
+                    doing=dict(type="str", required=True),
+                ),
+            ),
         ),
         required_by={"config_path": ("config_content", "config_group")},
         supports_check_mode=True,
@@ -272,6 +316,7 @@ def main():
         config_changed="config" in changed_files,
         daemon_reloaded=need_reload,
         enabled_now=need_enable,
+        lock_renewed=False,
     )
     if module._diff and "unit" in changed_files:
         old = current["unit"][0]
@@ -320,6 +365,13 @@ def main():
             module.fail_json(
                 msg=f"systemctl enable {name} failed (rc={rc}): {(err or out).strip()}", **result
             )
+    if p["lock"]:
+        lock = p["lock"]
+        try:
+            renew(lock["dir"], lock["name"], lock["token"], lock["doing"], lock["lease"])
+        except (LockError, OSError) as exc:
+            module.fail_json(msg=str(exc), **result)
+        result["lock_renewed"] = True
     module.exit_json(status=show(module, name) if result["changed"] else before, **result)
 
 

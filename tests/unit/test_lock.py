@@ -14,6 +14,7 @@ import subprocess
 import time
 
 import pytest
+from ansible.module_utils import sglang_lock as lock_record
 from conftest import REPO, call_main, load_module
 
 CONTROLLER = {
@@ -139,7 +140,7 @@ def test_holder_whose_process_is_gone_is_taken_over_and_reported(tmp_path):
     assert record["token"] == second["token"]
 
 
-def test_expired_lease_and_another_boot_are_taken_over(tmp_path, live):
+def test_expired_lease_and_another_boot_are_taken_over(tmp_path, live, monkeypatch):
     lock(tmp_path, anchor_pid=live.pid, lease=1, controller=CONTROLLER)
     time.sleep(1.2)
     second, text = lock(tmp_path, anchor_pid=live.pid, controller=dict(CONTROLLER, pid=77))
@@ -148,7 +149,8 @@ def test_expired_lease_and_another_boot_are_taken_over(tmp_path, live):
     module = load_module("sglang_lock")
     other_boot = tmp_path / "boot_id"
     other_boot.write_text("00000000-1111-2222-3333-444444444444\n")
-    module.BOOT_ID = str(other_boot)
+    # The record's boot id is read where the record is made (module_utils/sglang_lock.py, shared).
+    monkeypatch.setattr(lock_record, "BOOT_ID", str(other_boot))
     third, text = call_main(
         module,
         {

@@ -231,3 +231,33 @@ def test_pending_marker_is_written_before_the_files_and_only_when_a_file_changes
     assert left["files"]["unit"]["sha256"] == hashlib.sha256(UNIT.format(window=4096).encode()).hexdigest()
     assert Path(args["env_path"]).read_text() == ENV + "X=1\n"
     assert '"2048"' in Path(args["unit_path"]).read_text()
+
+
+def test_the_deploy_lock_is_renewed_for_the_restart_in_the_call_that_writes(run_module, host, tmp_path):
+    """With ``lock``, the record says what comes next (the restart) and its lease is extended, after the
+    files are written; a lock that is not this run's any more fails the call, naming its holder."""
+    from ansible.module_utils import sglang_lock as lock_record
+
+    lock_dir = tmp_path / "lock"
+    lock_dir.mkdir(mode=0o700)
+    held = lock_record.new_record(
+        {"name": "sglang", "doing": "preparing", "lease": 60, "controller": {"host": "ctl-a", "pid": 7}},
+        None,
+        "a" * 32,
+    )
+    lock_record.write_record(str(lock_dir / "sglang.lock"), held)
+    host["show"] = ["unit-show-enabled.txt"]
+    lock = {"dir": str(lock_dir), "name": "sglang", "token": "a" * 32, "lease": 900, "doing": "restarting x"}
+    result, failed = run_module("sglang_unit", dict(host["args"], lock=lock))
+    assert not failed and result["lock_renewed"] and result["unit_changed"], result
+    record = json.loads((lock_dir / "sglang.lock").read_text())
+    assert record["doing"] == "restarting x" and record["lease_seconds"] == 900
+    assert record["acquired"] == held["acquired"] and record["controller"] == held["controller"]
+
+    other = dict(lock, token="b" * 32)
+    result, failed = run_module(
+        "sglang_unit", dict(host["args"], unit_content=UNIT.format(window=4096), lock=other)
+    )
+    assert failed and "no longer holds the deploy lock of sglang" in result["msg"], result
+    assert "ansible-playbook PID 7 on controller ctl-a" in result["msg"]
+    assert json.loads((lock_dir / "sglang.lock").read_text())["token"] == "a" * 32
