@@ -14,13 +14,16 @@ description:
   - C(state=absent) - removes the worker (its C(drain_settle_secs) set to O(settle_seconds) first, C(PATCH
     /workers/{id}), instead of the router's fixed 5 s), confirms the router no longer lists it (removal
     is asynchronous, the worker is still listed right after the C(202)), then waits until the worker
-    itself reports no running and no waiting request, bounded by O(drain_timeout). Past it,
+    itself reports no running and no waiting request, bounded by O(drain_timeout) (counted from the C(DELETE),
+    the router's settle included). Past it,
     O(drain_policy=fail) re-adds the worker (untouched, with O(labels)) and fails; O(drain_policy=force)
     returns with C(drained=false) and the requests still in flight in C(requests_cut). Refused, with
     nothing touched, when fewer than O(min_ready_workers) other workers are ready.
   - C(state=present) - adds the worker with O(labels) and waits until the router lists it C(ready) with
     those labels. A worker already listed with other labels (the router keeps a restarted worker's old
     labels) is removed and added again.
+  - With O(service), the router's systemd service on the host the module runs on is asked first; a router
+    whose service is not active is left alone (C(router_running=false)), in either state.
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
@@ -72,6 +75,12 @@ options:
         set for this worker before the C(DELETE)); covers a request routed to the worker just before it.
     type: int
     default: 1
+  service:
+    description:
+      - The router's systemd service (e.g. C(sglang-router.service)) on the host the module runs on; empty,
+        not asked.
+    type: str
+    default: ''
   poll_interval:
     description: Seconds between two polls.
     type: float
@@ -127,10 +136,17 @@ requests_cut:
   type: int
   sample: 0
 drain_seconds:
-  description: Seconds spent waiting for the worker to become idle.
+  description:
+    - Seconds from the router's C(DELETE) until the worker reported itself idle (or O(drain_timeout) ran out),
+      the router's settle, its removal and the worker's own drain included.
   returned: always
   type: float
   sample: 2.5
+router_running:
+  description: Whether the router's O(service) was active (always true without O(service)).
+  returned: always
+  type: bool
+  sample: true
 labels:
   description: The worker's labels in the router at the end (present).
   returned: when state is present
@@ -179,7 +195,14 @@ class Member:
     def __init__(self, params: dict, check_mode: bool) -> None:
         self.p, self.check_mode = params, check_mode
         self.router = params["router_url"].rstrip("/")
-        self.result = {"changed": False, "drained": False, "requests_cut": 0, "drain_seconds": 0.0}
+        self.result = {
+            "changed": False,
+            "drained": False,
+            "requests_cut": 0,
+            "drain_seconds": 0.0,
+            "router_running": True,
+        }
+        self.deleted_at = time.monotonic()
 
     def workers(self) -> list[dict]:
         status, body = http("GET", f"{self.router}/workers", self.p["router_api_key"])
@@ -219,6 +242,7 @@ class Member:
 
             with contextlib.suppress(RouterError):
                 self.wait(updated, "the settle update", 10)
+        self.deleted_at = time.monotonic()
         status, body = http("DELETE", url, self.p["router_api_key"])
         if status not in (202, 404):
             raise RouterError(
@@ -294,11 +318,11 @@ class Member:
             return
         self.remove(worker)
         self.result["status"] = "absent"
-        start = time.monotonic()
-        deadline = start + self.p["drain_timeout"]
+        # The drain is counted from the DELETE: the router's settle and its removal are part of it.
+        deadline = self.deleted_at + self.p["drain_timeout"]
         while (left := self.inflight()) > 0 and time.monotonic() < deadline:
             time.sleep(self.p["poll_interval"])
-        self.result["drain_seconds"] = round(time.monotonic() - start, 3)
+        self.result["drain_seconds"] = round(time.monotonic() - self.deleted_at, 3)
         if left == 0:
             self.result["drained"] = True
             return
@@ -343,6 +367,7 @@ def main() -> None:
             "timeout": {"type": "float", "default": 120},
             "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
+            "service": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -354,6 +379,10 @@ def main() -> None:
         if p[name] < 0:
             module.fail_json(msg=f"{name} must be >= 0, got {p[name]}")
     member = Member(p, module.check_mode)
+    if p["service"]:
+        _rc, out, _err = module.run_command(["systemctl", "is-active", p["service"]])
+        if out.strip() != "active":
+            module.exit_json(**dict(member.result, router_running=False, status="router not running"))
     try:
         member.present() if p["state"] == "present" else member.absent()
     except RouterError as err:

@@ -117,6 +117,17 @@ def test_absent_removes_confirms_gone_and_drains_by_the_workers_load():
     assert all(w["url"] != MINE["url"] for w in router.workers) and first_load > 2
 
 
+def test_a_router_whose_service_does_not_run_is_left_alone():
+    """With ``service``, systemd is asked first (this test machine has no running sglang-router.service: the
+    real systemctl, or its absence, says so); the router is not called at all."""
+    router = FakeRouter(TWO)
+    for state in ("absent", "present"):
+        result = run(router, state=state, service="sglang-router-test-absent.service")
+        assert not result.get("failed") and result["changed"] is False, result
+        assert result["router_running"] is False and result["status"] == "router not running"
+    assert router.calls == []
+
+
 def test_absent_twice_is_unchanged():
     router = FakeRouter(recorded("get_workers_after_delete")["body"]["workers"])
     result = run(router, state="absent")
