@@ -2,17 +2,22 @@
 """Wall time of the rolling deploy through the router (issue 17) on lab GPU hosts behind a lab router.
 
 Two figures, printed (asserts nothing):
-  1. a window change rolled through 1 host, then through 2 others (playbooks/sglang.yml, sglang_rollout_batch
-     1): the wall time beyond the sum of each host's drain (the "drained in X s" the run reports) and server
-     start (restart request -> ready, the verified restart's timings in the host's history), in total and
-     per host, the stability window (sglang_stable_seconds) shown apart; and what one more host adds beyond
-     its drain + start (the 2-host figure minus the 1-host one: the run's fixed part cancels out; target
-     <= 5 s per host);
+  1. the same window change (4096 -> 2048, both windows deployed once before on every host, so no parse is
+     cached in one rollout and not in the other) rolled through 2 hosts, then through 3 others
+     (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time beyond the sum of each host's drain (the
+     "drained in X s" the run reports: from the router's DELETE until the worker is idle) and server
+     restart (restart request -> ready: the old process stops, the new one starts and loads; the verified
+     restart's timings in the host's history), in total and per host, the stability window
+     (sglang_stable_seconds) shown apart; and what one more host adds beyond its drain + restart (the
+     3-host figure minus the 2-host one: the run's fixed part - Ansible's start, the first play over all
+     hosts at once - cancels out; target <= 5 s per host). Both rollouts have at least 2 hosts, so both go
+     through the rolling play (one host is deployed by the first play alone);
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts (target: 4 hosts <= 1.5x 1 host).
 
-Brings up `--hosts 4 --routers 1` lab hosts from --first-index (its own inventory
-inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048 to all of them once (not measured),
-measures, and takes exactly those hosts down. Needs root, the SGLang layer and the wheelhouse (smg/ too).
+Brings up `--hosts 5 --routers 1` lab hosts from --first-index (its own inventory
+inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048, then 4096 to all of them (not
+measured), measures, and takes exactly those hosts down. Needs root, the SGLang layer and the wheelhouse
+(smg/ too).
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ANSIBLE = ROOT / ".venv" / "bin"
 LABCTL = ROOT / "lab" / "labctl"
+GPU_HOSTS = 5  # a 2-host and a 3-host rollout, on distinct hosts
 
 
 class Bench:
     def __init__(self, index: int) -> None:
         self.inventory = ROOT / "inventory" / "lab" / f"fleet-bench-{index}.yml"
-        self.gpu = [f"lab{index + k}" for k in range(4)]
-        self.router = f"lab{index + 4}"
+        self.gpu = [f"lab{index + k}" for k in range(GPU_HOSTS)]
+        self.router = f"lab{index + GPU_HOSTS}"
         self.index = index
         self.keys = {"sglang_router_admin_key": secrets.token_hex(16)}
 
@@ -100,33 +106,33 @@ class Bench:
         return json.loads(out)["plays"][0]["tasks"][0]["hosts"][host]["records"][-1]["timings"]
 
 
-def rollout(bench: Bench, hosts: list[str]) -> float:
-    """Roll window 2048 -> 4096 through ``hosts`` (batch 1), print the figures, return the wall time beyond
-    the sum of each host's drain + server start."""
+def rollout(bench: Bench, hosts: list[str], window: int) -> tuple[float, float]:
+    """Roll ``window`` through ``hosts`` (batch 1), print the figures, return the wall time beyond the sum of
+    each host's drain + server restart, and the sum of their stability windows."""
     wall, out = bench.play(
-        "playbooks/sglang.yml", "-e", "window=4096", "--limit", ",".join(hosts), profile=True
+        "playbooks/sglang.yml", "-e", f"window={window}", "--limit", ",".join(hosts), profile=True
     )
     drains = {h: float(s) for h, s in re.findall(r"(lab\d+) left lab\d+: drained in ([0-9.]+) s", out)}
     rows, accounted = [], 0.0
     for host in hosts:
         t = bench.last_timings(host)
-        start, stable = t["started_to_ready"], t["stable"] - t["ready"]
+        start, stable = t["ready"], t["stable"] - t["ready"]
         accounted += drains.get(host, 0.0) + start
         rows.append((host, drains.get(host), start, stable))
     beyond = wall - accounted
-    print(f"rollout of {len(hosts)} host(s) (window 2048 -> 4096, batch 1): {wall:.1f} s wall")
+    print(f"rollout of {len(hosts)} host(s) (window -> {window}, batch 1): {wall:.1f} s wall")
     for host, drain, start, stable in rows:
-        print(f"  {host}: drain {drain} s, server start->ready {start:.2f} s, stability {stable:.2f} s")
+        print(f"  {host}: drain {drain} s, server restart->ready {start:.2f} s, stability {stable:.2f} s")
     print("  slowest tasks of that run (ansible.posix profile_tasks):")
     for task, seconds in re.findall(r"^(.+?) -{2,} +([0-9.]+s)$", out, re.M):
         print(f"    {seconds:>8}  {task.strip()}")
     stable_sum = sum(r[3] for r in rows)
     n = len(hosts)
     print(
-        f"  beyond drain + start: {beyond:.1f} s = {beyond / n:.1f} s per host; "
+        f"  beyond drain + restart: {beyond:.1f} s = {beyond / n:.1f} s per host; "
         f"without the stability windows: {(beyond - stable_sum) / n:.1f} s per host"
     )
-    return beyond
+    return beyond, stable_sum
 
 
 def main() -> int:
@@ -139,21 +145,24 @@ def main() -> int:
     )
     args = parser.parse_args()
     bench = Bench(args.first_index)
-    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "4", "--routers", "1"]
+    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", str(GPU_HOSTS), "--routers", "1"]
     up += ["--first-index", str(args.first_index), "--inventory", str(bench.inventory)]
     subprocess.run(up, check=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     try:
         bench.play("deploy.yml", "-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
-        # The same window change rolled through 1 host, then through 2 others: what a host adds to the rollout
-        # beyond its own drain + start is the difference (the run's fixed part - Ansible's start, the first
-        # play's parse - cancels out).
-        beyond = {n: rollout(bench, hosts) for n, hosts in ((1, bench.gpu[:1]), (2, bench.gpu[1:3]))}
+        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
+        # The same change rolled through 2 hosts, then through 3 others: what a host adds to the rollout
+        # beyond its own drain + restart is the difference (the run's fixed part cancels out).
+        two, two_stable = rollout(bench, bench.gpu[:2], 2048)
+        three, three_stable = rollout(bench, bench.gpu[2:5], 2048)
+        more, more_stable = three - two, three_stable - two_stable
         print(
-            f"  per-host overhead beyond drain + start, fixed part excluded (2 hosts - 1 host): "
-            f"{beyond[2] - beyond[1]:.1f} s (target <= 5 s); the fixed part of a rollout: "
-            f"{2 * beyond[1] - beyond[2]:.1f} s"
+            f"  what one more host adds beyond its drain + restart (3 hosts - 2 hosts): {more:.1f} s, of "
+            f"which its stability window (sglang_stable_seconds 3) {more_stable:.1f} s; without it "
+            f"{more - more_stable:.1f} s (target <= 5 s). The fixed part of a rollout: "
+            f"{3 * two - 2 * three:.1f} s"
         )
-        # All four hosts on window 4096 (not measured), then no-change runs on 1, 2 and 4 of them.
+        # All hosts on window 4096 again (not measured), then no-change runs on 1, 2 and 4 of them.
         bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
         figures = {}
         for n in (1, 2, 4):
