@@ -1,10 +1,12 @@
-"""A fleet behind the SGLang router (issue 17): two lab GPU hosts and a router host, a rolling deploy.
+"""A fleet behind the SGLang router (issue 17): two lab GPU hosts and two router hosts, a rolling deploy.
 
-The module fixture brings up lab$FLEET_LAB_INDEX and the next index as GPU hosts (gpu_nodes) and the one
-after as the router host (group routers), with the SGLang layer and the fleet network that `labctl up
---routers 1` gives the hosts of one inventory (the router reaches the workers at 10.214.0.K). On the fresh
-hosts it first runs `playbooks/router.yml --check --diff` (nothing may be installed or started), then
-`deploy.yml -e window=2048` once: SGLang on both GPU hosts, then smg on the router host in front of them.
+The module fixture brings up lab$FLEET_LAB_INDEX and the next index as GPU hosts (gpu_nodes) and the two
+after as router hosts (group routers, both in front of both workers), with the SGLang layer and the fleet
+network that `labctl up --routers 2` gives the hosts of one inventory (the routers reach the workers at
+10.214.0.K). The load goes through the first router; a worker leaves both (the first without waiting, the
+second drains it) and rejoins both. On the fresh hosts it first runs `playbooks/router.yml --check --diff`
+(nothing may be installed or started), then `deploy.yml -e window=2048` once: SGLang on both GPU hosts, then
+smg on the router hosts in front of them.
 The inventory is inventory/lab/fleet-<index>.yml (gitignored; inventory/lab/group_vars apply). The router's
 admin key and its client key (sglang_router_worker_api_key) are random per run and go in as `-e @file`
 only. In file order:
@@ -14,14 +16,16 @@ only. In file order:
   1. window 2048 -> 4096 rolls through both hosts while lab/loadgen streams through the router: no
      non-2xx, no truncated stream, at least one ready worker in every sample of the router's list, no
      generation request reaching a host between two samples that show it out of the router, both hosts
-     on new invocations serving the new window and listed with their new invocation as label;
+     on new invocations serving the new window and listed, in both routers, with their new invocation as
+     label;
   2. a configuration that crashes after start: the canary (first host) is rolled back and rejoins the
      router with its old configuration, the run fails and stops, the second host is untouched, the
      router never has zero ready workers;
   3. the same deploy again is changed=0 on all three hosts: no invocation changes, the router's list
      neither;
-  4. a request longer than sglang_drain_timeout under sglang_drain_policy=fail: the worker is back in the
-     router with its running invocation, the run fails, the host's files, pending marker and invocation
+  4. a request longer than sglang_drain_timeout under sglang_drain_policy=fail: the worker is back in BOTH
+     routers with its running invocation (the second router refused the drain; the first, which it had left
+     already, gets it back from the role), the run fails, the host's files, pending marker and invocation
      are as they were (the refusal comes before anything is written), the request completes;
   5. the same under force: restarted anyway, the request in flight reported (SGLang's SIGTERM drain, as
      the lab server's, still finishes it: observed and asserted);
@@ -31,7 +35,6 @@ only. In file order:
   8. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
      same URL, the router's list never empty, the router itself untouched;
   9. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
-Not here: more than one router (docs/router.md, "NOT verified").
 """
 
 from __future__ import annotations
@@ -62,12 +65,12 @@ LOADGEN = REPO / "lab" / "loadgen"
 WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
 INDEX = int(os.environ.get("FLEET_LAB_INDEX", "150"))
 GPU = [f"lab{INDEX}", f"lab{INDEX + 1}"]
-ROUTER = f"lab{INDEX + 2}"
+ROUTERS = [f"lab{INDEX + 2}", f"lab{INDEX + 3}"]
+ROUTER = ROUTERS[0]  # the load goes through it; the second one drains
 INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}.yml"
 # The same fleet with the second GPU host under another inventory name (test 7; gitignored too).
 RENAMED_INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}-renamed.yml"
 RENAMED = f"lab{INDEX + 1}b"
-ROUTER_URL = f"http://10.213.{INDEX + 2}.2:30000"
 FAST = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
 CHAT = "POST /v1/chat/completions"
 FILES = "sha256sum /etc/systemd/system/sglang.service /etc/sglang/sglang.env /etc/sglang/sglang.yaml"
@@ -173,7 +176,7 @@ class Fleet:
         return self.ssh(host, f"systemctl show -p InvocationID --value {unit}").strip()
 
     def invocations(self) -> dict[str, str]:
-        return {h: self.invocation(h) for h in GPU} | {ROUTER: self.invocation(ROUTER, ROUTER_UNIT)}
+        return {h: self.invocation(h) for h in GPU} | {r: self.invocation(r, ROUTER_UNIT) for r in ROUTERS}
 
     def unit(self, host: str = ROUTER, name: str = ROUTER_UNIT) -> dict[str, str]:
         out = self.ssh(
@@ -219,23 +222,26 @@ class Fleet:
         )
         return [float(line.split()[0]) for line in out.splitlines() if CHAT in line]
 
-    def workers(self) -> list[dict]:
+    def router_url(self, router: str = ROUTER) -> str:
+        return f"http://{self.hv[router]['ansible_host']}:30000"
+
+    def workers(self, router: str = ROUTER) -> list[dict]:
         request = urllib.request.Request(
-            ROUTER_URL + "/workers", headers={"Authorization": f"Bearer {self.admin_key}"}
+            self.router_url(router) + "/workers", headers={"Authorization": f"Bearer {self.admin_key}"}
         )
         with urllib.request.urlopen(request, timeout=10) as r:
             return json.loads(r.read())["workers"]
 
-    def listed(self, host: str) -> list[tuple[str, str | None]]:
-        """(status, sglang_invocation label) of each router entry with ``host``'s URL."""
+    def listed(self, host: str, router: str = ROUTER) -> list[tuple[str, str | None]]:
+        """(status, sglang_invocation label) of each entry with ``host``'s URL in ``router``'s list."""
         return [
             (w["status"], w["labels"].get("sglang_invocation"))
-            for w in self.workers()
+            for w in self.workers(router)
             if w["url"] == self.url(host)
         ]
 
     def start_load(self, out: Path, clients: int = 3) -> subprocess.Popen:
-        argv = [sys.executable, str(LOADGEN), "--router", ROUTER_URL, "--clients", str(clients)]
+        argv = [sys.executable, str(LOADGEN), "--router", self.router_url(), "--clients", str(clients)]
         argv += ["--duration", "400", "--max-requests", "20000", "--sample-interval", "0.3"]
         env = dict(os.environ, LOADGEN_ADMIN_KEY=self.admin_key, LOADGEN_API_KEY=self.client_key)
         with out.open("w") as handle:
@@ -284,7 +290,7 @@ def fleet():
         pytest.skip("lab hosts need root and the controller toolchain (.venv)")
     if not any(WHEELHOUSE.glob("sglang-*.whl")) or not any((WHEELHOUSE / "smg").glob("smg-1.13.0-*.whl")):
         pytest.fail(f"no sglang or smg 1.13.0 wheel in {WHEELHOUSE}: run `make wheelhouse` first")
-    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "2", "--routers", "1", "--first-index", str(INDEX)]
+    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "2", "--routers", "2", "--first-index", str(INDEX)]
     subprocess.run([*up, "--inventory", str(INVENTORY)], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
     try:
         lab = Fleet(
@@ -466,8 +472,8 @@ def test_window_change_rolls_through_both_hosts_under_load_with_zero_failed_requ
         after = fleet.invocation(host)
         assert after and after != before[host]
         assert fleet.server_info(host)["speculative_draft_window_size"] == 4096
-        listed = [w for w in fleet.workers() if w["url"] == url]
-        assert [(w["status"], w["labels"].get("sglang_invocation")) for w in listed] == [("ready", after)]
+        for router in ROUTERS:  # both routers, the one the load did not go through too
+            assert fleet.listed(host, router) == [("ready", after)], router
     assert fleet.invocation(ROUTER, "sglang-router.service") == router_before
     # The first play (both hosts at once) only decided; the rolling play left, restarted and rejoined.
     rolling = rolling_play(r.stdout)
@@ -565,7 +571,11 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
     # router with its running invocation.
     assert host_state(fleet, canary) == before
     assert "Install the systemd unit, the environment file" not in r.stdout
-    assert fleet.listed(canary) == [("ready", before["invocation"])]
+    # The second router refused the drain and re-added it itself; the first, which the worker had left
+    # without waiting, got it back from the role (its rescue). In both with the running invocation.
+    assert "TASK [sglang : Put the worker back into every router it left" in r.stdout
+    for router in ROUTERS:
+        assert fleet.listed(canary, router) == [("ready", before["invocation"])], router
     assert fleet.server_info(canary)["speculative_draft_window_size"] == window
     # The long request was still in flight when the run was refused, and completed.
     assert answer["status"] == 200 and answer["complete"], answer
@@ -619,12 +629,13 @@ def test_a_write_refused_after_the_worker_left_rejoins_it_untouched(fleet):
         fleet.ssh(canary, f"mv {analyze}.lab-real {analyze}")
     assert r.returncode != 0
     text = " ".join(r.stdout.split())
-    assert f"{canary} left {ROUTER}: drained in" in text
+    assert f"{canary} left {', '.join(ROUTERS)}: drained in" in text
     assert "systemd-analyze verify refused the new sglang.service (nothing was changed on the host)" in text
     assert "lab: unit refused" in text
     assert "Rejoin the router(s) with the running invocation" in r.stdout
     assert host_state(fleet, canary) == before
-    assert fleet.listed(canary) == [("ready", before["invocation"])]
+    for router in ROUTERS:
+        assert fleet.listed(canary, router) == [("ready", before["invocation"])], router
     assert fleet.server_info(canary)["speculative_draft_window_size"] == window
 
 
@@ -633,9 +644,9 @@ def test_the_capacity_guard_refuses_when_the_other_worker_is_unhealthy(fleet):
     before = host_state(fleet, canary)
     fleet.ssh(other, "systemctl stop sglang.service")
     try:
-        # The router notices within its health checks (interval 5 s, 2 failures in the lab's settings).
+        # Both routers notice within their health checks (interval 5 s, 2 failures in the lab's settings).
         deadline = time.monotonic() + 60
-        while [status for status, _ in fleet.listed(other) if status == "ready"]:
+        while any(status == "ready" for router in ROUTERS for status, _ in fleet.listed(other, router)):
             assert time.monotonic() < deadline, fleet.workers()
             time.sleep(0.5)
         r = fleet.playbook("-e", "window=4096", "--limit", canary, playbook="playbooks/sglang.yml")
@@ -643,11 +654,12 @@ def test_the_capacity_guard_refuses_when_the_other_worker_is_unhealthy(fleet):
         text = " ".join(r.stdout.split())
         assert "refusing to take " + fleet.url(canary) + " out of the router: 0 other worker(s) ready" in text
         assert host_state(fleet, canary) == before
-        assert fleet.listed(canary)[0][0] == "ready"
+        for router in ROUTERS:
+            assert fleet.listed(canary, router)[0][0] == "ready", router
     finally:
         fleet.ssh(other, "systemctl start sglang.service")
         deadline = time.monotonic() + 90
-        while not [s for s, _ in fleet.listed(other) if s == "ready"]:
+        while not all(("ready" in [s for s, _ in fleet.listed(other, router)]) for router in ROUTERS):
             assert time.monotonic() < deadline, fleet.workers()
             time.sleep(0.5)
 
