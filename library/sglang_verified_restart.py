@@ -104,6 +104,14 @@ options:
     description: How many journal lines of the invocation to return on failure.
     type: int
     default: 20
+  running_args:
+    description:
+      - Once the invocation is verified, assert its running arguments in the same call, as
+        C(sglang_running_args) does (module_utils/sglang_running_args.py), with that module's options but
+        C(host), C(port), C(api_key), C(unit), C(invocation_id) and C(observed), which are this call's and
+        the verified invocation's. Its result is RV(running); a difference fails the call (P3), after the
+        proof.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -213,10 +221,16 @@ journal:
   returned: on failure
   type: list
   elements: str
+running:
+  description: The result of the running-arguments assertion (as C(sglang_running_args) returns it, redacted).
+  returned: with O(running_args), once the invocation is verified
+  type: dict
 """
 
 from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
+from ansible.module_utils.sglang_running_args import check as check_running_args
 from ansible.module_utils.sglang_systemd import SystemctlError, as_int, is_loaded, needs_daemon_reload
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -235,6 +249,7 @@ ARGUMENT_SPEC = dict(
     baseline=dict(type="dict"),
     budget=dict(type="float"),
     journal_lines=dict(type="int", default=20),
+    running_args=dict(type="dict", options=RUNNING_ARGS_SUBOPTIONS),
 )
 RUNNING = ("active", "activating", "reloading", "deactivating")
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
@@ -363,7 +378,24 @@ def main():
     budget_end_us = baseline["stable_deadline_us"]
     if params["budget"] is not None:
         budget_end_us = min(budget_end_us, call_us + int(params["budget"] * 1e6))
-    module.exit_json(**verifier.Verifier(module, params, baseline, systemctl).run(budget_end_us))
+    result = verifier.Verifier(module, params, baseline, systemctl).run(budget_end_us)
+    if params["running_args"] is not None and not result["pending"]:
+        running, problems = check_running_args(
+            module,
+            dict(
+                params["running_args"],
+                host=params["host"],
+                port=params["port"],
+                api_key=params["api_key"],
+                unit=params["unit"],
+                invocation_id=result["invocation_id"],
+                observed=None,
+            ),
+        )
+        result["running"] = running
+        if problems:
+            module.fail_json(**dict(result, msg=f"{result['msg']} But its {running['msg']}"))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

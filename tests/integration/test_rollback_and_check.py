@@ -153,10 +153,11 @@ def test_verifier_and_server_require_the_key(lab_host, awkward_secret):
     )
     codes = lab_host.ssh(f"python3 -c {shlex.quote(probe)} {shlex.quote(SENTINEL)}").stdout.split()
     assert codes == ["401", "401", "200"]
-    # The verifier used the key: the deploy's running-arguments check read /server_info (Bearer).
+    # The verifier used the key: the deploy's running-arguments assertion (in the verified restart's call)
+    # read /server_info (Bearer); the deploy summary names it as a source of the managed arguments.
     # (A no-change re-run with the key is at the end of the rollback test.)
     text = flat(awkward_secret["deploy"])
-    assert "Compare the running server's arguments with the intended ones" in text
+    assert "speculative_draft_window_size: 2048 (from /server_info" in text, text[-3000:]
     assert "Bearer" not in text or "Bearer <redacted>" in text
 
 

@@ -4,8 +4,9 @@
 ONE controller-only ``ansible-playbook`` run (``ansible_connection: local``, nothing deployed): the role's
 own controller checks (``tasks/preflight.yml``, included with ``public: true`` so its variables stay
 visible), then the environment file and the unit rendered from the role's templates with the role's
-variables, and ``__sglang_expected_env`` (what ``tasks/verify.yml`` passes to sglang_running_args as
-``expected_env``, compared with ``/proc/<MainPID>/environ``). ``sglang_argv``'s result is stood in for.
+variables, and ``__sglang_expected_env`` (what the running-arguments assertion gets as ``expected_env``,
+``__sglang_running_args`` in ``vars/main.yml``, compared with ``/proc/<MainPID>/environ``). ``sglang_argv``'s
+result is stood in for.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from conftest import REPO
 
 PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 SENTINEL = "sk-sentinel-env-18"
+# What the running-arguments assertion gets as expected_env (vars/main.yml: __sglang_running_args, passed by
+# tasks/verify.yml and tasks/service.yml).
+ROLE_VARS = yaml.safe_load((REPO / "roles" / "sglang" / "vars" / "main.yml").read_text())
+VERIFY_EXPECTED_ENV = ROLE_VARS["__sglang_running_args"]["expected_env"]
 VERIFY = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "verify.yml").read_text())
-RUNNING_ARGS = next(t for t in VERIFY if "sglang_running_args" in t)["sglang_running_args"]
-VERIFY_EXPECTED_ENV = RUNNING_ARGS["expected_env"]
 PLAY = [
     {
         "name": "Render what the sglang role writes and asserts for the service environment",
@@ -71,7 +74,7 @@ PLAY = [
                         "'/roles/sglang/templates/etc/sglang/sglang.env.j2') }}",
                         "unit": "{{ lookup('ansible.builtin.template', repo ~ "
                         "'/roles/sglang/templates/etc/systemd/system/sglang.service.j2') }}",
-                        # what tasks/verify.yml passes to sglang_running_args, as it is written there
+                        # what the running-arguments assertion gets, as it is written in vars/main.yml
                         "expected_env": VERIFY_EXPECTED_ENV,
                     }
                 },
@@ -182,10 +185,22 @@ def test_execstart_names_the_release_not_sglang_venv(rendered):
 
 
 def test_the_verification_passes_that_environment():
-    """verify.yml (the check after every run and the known-good record the rollback verifies with),
-    and the pull-request plan, all compare /proc/<MainPID>/environ with __sglang_expected_env."""
+    """The running-arguments assertion (after a restart and on every run; check mode's own task too), the
+    known-good record the rollback verifies with, and the pull-request plan all compare
+    /proc/<MainPID>/environ with __sglang_expected_env."""
     wanted = "{{ __sglang_expected_env }}"
     assert wanted == VERIFY_EXPECTED_ENV
+    for task in VERIFY:  # every call of the assertion in verify.yml passes that one dict or its expected_env
+        if "sglang_verified_restart" in task:
+            assert task["sglang_verified_restart"]["running_args"] == "{{ __sglang_running_args }}"
+        if "sglang_running_args" in task:
+            assert task["sglang_running_args"]["expected_env"] == "{{ __sglang_running_args.expected_env }}"
+    service = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "service.yml").read_text())
+    restart = next(
+        t for t in service if "block" in t and any("sglang_verified_restart" in b for b in t["block"])
+    )
+    call = next(b for b in restart["block"] if "sglang_verified_restart" in b)["sglang_verified_restart"]
+    assert call["running_args"] == "{{ __sglang_running_args }}"
     record = next(t for t in VERIFY if "sglang_history" in t)["sglang_history"]
     assert record["known_good"]["meta"]["expected_env"] == wanted
     assert record["record"]["env"] == wanted

@@ -12,8 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import sglang_running_args as running_args
 from ansible.module_utils.basic import AnsibleModule
-from conftest import FIXTURES, FakeResponse, load_module
+from conftest import FIXTURES, FakeResponse
 
 SENTINEL = "SENTINEL-SECRET-9f3c"
 J = FIXTURES / "journal"
@@ -351,8 +352,7 @@ def test_not_running_unit_fails(monkeypatch, run):
 
 
 def test_alias_spelling_in_reported_source_satisfies_canonical_key():
-    sa = load_module("sglang_running_args")
-    assert sa.managed_view(
+    assert running_args.managed_view(
         {"speculative_dflash_draft_window_size": 2048}, {"speculative_draft_window_size": 2048}
     ) == {"speculative_draft_window_size (as speculative_dflash_draft_window_size)": 2048}
 

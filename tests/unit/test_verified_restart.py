@@ -408,3 +408,61 @@ def test_verify_running_refuses_a_dead_unit(monkeypatch):
     replay = Replay(initial="show-vr-crash.txt")
     res = run(monkeypatch, replay, {"unit": "vr-crash", "port": 18002, "restart": False})
     assert res["failed"] and "is not running (ActiveState=failed" in res["msg"]
+
+
+@pytest.mark.parametrize(
+    "problems", [[], ["speculative_draft_window_size: expected 4096, /server_info reports 2048"]]
+)
+def test_running_args_are_asserted_in_the_same_call_once_verified(monkeypatch, problems):
+    """With running_args, the verified invocation's arguments are asserted by the running-arguments check
+    (module_utils/sglang_running_args.py, tested on its own in test_running_args.py) with this call's address,
+    key and unit and the invocation just verified; a difference fails the call after the proof."""
+    calls = []
+
+    def check(_module, p):
+        calls.append(p)
+        msg = (
+            "running SGLang arguments do not match the intended ones:\n"
+            if problems
+            else "3 managed key(s) agree"
+        )
+        return {"msg": msg + "\n".join(problems), "diff": problems}, problems
+
+    mod = load_module("sglang_verified_restart")
+    monkeypatch.setattr(mod, "check_running_args", check)
+    replay = Replay(initial="healthy/show.txt")
+    replay.ready_at_us = 0
+    monkeypatch.setattr(worker, "clock_us", replay.now_us)
+    monkeypatch.setattr(worker, "pause", replay.sleep)
+    monkeypatch.setattr(worker, "http_status", replay.http_status)
+    monkeypatch.setattr(worker.HealthProbe, "threaded", False)
+    monkeypatch.setattr(worker, "boottime_offset_us", lambda: 0)
+    patch_tools(monkeypatch, replay)
+    base = FIX / "healthy"
+    monkeypatch.setattr(worker, "PROC_ROOT", str(base / "proc"))
+    monkeypatch.setattr(worker, "CGROUP_ROOT", str(base / "sys" / "fs" / "cgroup"))
+    monkeypatch.setattr(worker, "BOOT_ID_PATH", str(base / "proc" / "sys" / "kernel" / "random" / "boot_id"))
+    args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "restart": False, "stable_seconds": 1}
+    res, text = call_main(mod, dict(args, running_args={"expected": {"speculative_draft_window_size": 4096}}))
+    assert SECRET not in text
+    assert len(calls) == 1
+    p = calls[0]
+    assert (p["host"], p["port"], p["api_key"], p["unit"]) == (
+        "127.0.0.1",
+        18001,
+        SECRET,
+        "vr-healthy.service",
+    )
+    assert p["invocation_id"] == res["invocation_id"] and p["observed"] is None
+    assert p["expected"] == {"speculative_draft_window_size": 4096} and p["expected_env"] == {}
+    assert res["running"]["diff"] == problems
+    if problems:
+        assert res["failed"] and res["msg"].startswith(
+            f"vr-healthy.service: invocation {res['invocation_id']}"
+        )
+        assert "and was stable for 1" in res["msg"]
+        assert res["msg"].endswith(
+            ". But its running SGLang arguments do not match the intended ones:\n" + problems[0]
+        )
+    else:
+        assert not res.get("failed") and res["running"]["msg"] == "3 managed key(s) agree", res["msg"]
