@@ -95,7 +95,6 @@ options:
         description: The token C(sglang_lock) returned.
         type: str
         required: true
-        no_log: false
       lease:
         description: Seconds of the new lease.
         type: int
