@@ -14,6 +14,7 @@ import shutil
 import socket
 
 import pytest
+from ansible.module_utils import sglang_running_args as running_args
 from ansible.module_utils import sglang_verifier as worker
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES, call_main, load_module
@@ -428,23 +429,13 @@ def test_running_args_are_asserted_in_the_same_call_once_verified(monkeypatch, p
         )
         return {"msg": msg + "\n".join(problems), "diff": problems}, problems
 
-    mod = load_module("sglang_verified_restart")
-    monkeypatch.setattr(mod, "check_running_args", check)
+    # The module binds the check when it is imported (run() imports it afresh).
+    monkeypatch.setattr(running_args, "check", check)
     replay = Replay(initial="healthy/show.txt")
     replay.ready_at_us = 0
-    monkeypatch.setattr(worker, "clock_us", replay.now_us)
-    monkeypatch.setattr(worker, "pause", replay.sleep)
-    monkeypatch.setattr(worker, "http_status", replay.http_status)
-    monkeypatch.setattr(worker.HealthProbe, "threaded", False)
-    monkeypatch.setattr(worker, "boottime_offset_us", lambda: 0)
-    patch_tools(monkeypatch, replay)
-    base = FIX / "healthy"
-    monkeypatch.setattr(worker, "PROC_ROOT", str(base / "proc"))
-    monkeypatch.setattr(worker, "CGROUP_ROOT", str(base / "sys" / "fs" / "cgroup"))
-    monkeypatch.setattr(worker, "BOOT_ID_PATH", str(base / "proc" / "sys" / "kernel" / "random" / "boot_id"))
     args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "restart": False, "stable_seconds": 1}
-    res, text = call_main(mod, dict(args, running_args={"expected": {"speculative_draft_window_size": 4096}}))
-    assert SECRET not in text
+    expected = {"speculative_draft_window_size": 4096}
+    res = run(monkeypatch, replay, dict(args, running_args={"expected": expected}), tree="healthy")
     assert len(calls) == 1
     p = calls[0]
     assert (p["host"], p["port"], p["api_key"], p["unit"]) == (
