@@ -23,7 +23,7 @@ LAB_FILE_SECONDS = {
     # capacity guard 24 s, router setting 18 s, the router role's read-only checks ~5 s, teardown 7 s - and
     # 696 s in a busier one. The force test's request was made as long as the fail test's (~61 s) after that.
     # 2026-12-05, after the controller-side cuts: 14 passed in 605 s; with the refused write (15 tests) 439 s
-    # (single worker, one other lab run beside it). Stop 26: 342 s alone (with a second router, run once: 366 s).
+    # (single worker, one other lab run beside it). Stop 26: 342 s alone (a second router, run once: 366 s).
     "tests/integration/test_fleet_rollout.py": 450,
     # bench/lab_cpu.py, lab120, fixture host included, beside test_gitops.py on lab121 (load ~3): 414 s wall,
     # 236 CPU s with an empty role-cache store, 233 s wall, 157 CPU s with the store of an earlier run (labctl
