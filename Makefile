@@ -29,12 +29,12 @@ help:
 	@echo "make lab-up    start LAB_HOSTS (default 1) lab hosts + LAB_ROUTERS router hosts (default 0), write inventory/lab/hosts.yml"
 	@echo "make lab-down  stop them and remove every namespace, veth and mount they used"
 
-# Controller toolchain (pinned in requirements.txt and requirements.yml).
-$(BIN)/ansible-playbook: requirements.txt
+# Controller toolchain (pinned in requirements.txt, constraints.txt and requirements.yml).
+$(BIN)/ansible-playbook: requirements.txt constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
 	$(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: apt-get install python3-venv"; exit 1; }
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q pip==26.3
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	touch $@
 
 .ansible/collections/.stamp: requirements.yml $(BIN)/ansible-playbook
