@@ -128,141 +128,10 @@ pending_cleared:
   type: bool
 """
 
-import datetime  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_files import fsync_dir, replace_file
+from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded, write  # noqa: E402
 from ansible.module_utils.sglang_journal import parse_json_lines  # JSON lines, one object a line
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
-
-FILE_MODE = 0o640
-DIR_MODE = 0o750
-
-
-def now_utc():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def append_line(path, line):
-    """One write(2) of the whole line on an O_APPEND descriptor, then fsync (file and, when the
-    file was just created, its directory)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
-    created = not os.path.exists(path)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    try:
-        if created:
-            os.fchmod(fd, FILE_MODE)
-            if os.geteuid() == 0:
-                os.fchown(fd, 0, 0)
-        data = line.encode("utf-8")
-        written = os.write(fd, data)
-        if written != len(data):
-            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if created:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-class NotVerified(Exception):
-    """A file on disk is not the one the verified restart started."""
-
-
-def keep_known_good(spec, write):
-    """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}.
-    Raises NotVerified (nothing written) when a file differs from its O(known_good.sha256)."""
-    contents, hashes, differ = {}, {}, []
-    expected = spec.get("sha256") or {}
-    unknown = sorted(set(expected) - set(spec["files"]))
-    if unknown:
-        raise NotVerified(f"known_good.sha256 names no file of known_good.files: {', '.join(unknown)}")
-    for name, path in sorted(spec["files"].items()):
-        with open(path, "rb") as handle:
-            contents[path] = handle.read()
-        got = hashes[f"{name}_sha256"] = hashlib.sha256(contents[path]).hexdigest()
-        want = expected.get(name)
-        if want is not None and str(want).lower() != got:
-            differ.append(f"{path} (sha256 {got[:12]}, the restart ran {str(want)[:12]})")
-    if differ:
-        raise NotVerified(
-            "changed since the verified restart started it: "
-            + "; ".join(differ)
-            + ". Written by hand or by another run during the readiness/stability window? It was not "
-            "verified: NOTHING was recorded as known-good"
-        )
-    if write:
-        files = {os.path.basename(path): data for path, data in contents.items()}
-        # sha256_checked: the files whose hash was the one the verified restart ran (all, in the role).
-        meta = dict(spec["meta"], api_key=spec["api_key"], sha256_checked=sorted(expected), **hashes)
-        files[spec["meta_name"]] = (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()
-        switch_known_good(spec["dir"], files)
-    return hashes
-
-
-def switch_known_good(link, files):
-    """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
-    ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
-    symlink over it, and the generation it replaced is removed. A reader (the rollback, the boot-time heal)
-    sees the old set or the new one, never a mix. ``link`` still a real directory (a set kept by an older
-    version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is not atomic: a crash
-    right after it leaves no known-good set, and the next run restarts with proof as on a fresh host)."""
-    link = link.rstrip("/")
-    parent, base = os.path.dirname(link) or ".", os.path.basename(link)
-    os.makedirs(parent, mode=0o750, exist_ok=True)
-    stamp = time.time_ns()
-    generation = f"{base}.{stamp}"
-    new = os.path.join(parent, generation)
-    os.mkdir(new, 0o700)
-    os.chmod(new, 0o700)
-    for name, data in files.items():
-        replace_file(os.path.join(new, name), data, 0o600)
-    fsync_dir(new)
-    if os.path.isdir(link) and not os.path.islink(link):
-        os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
-    tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(generation, tmp)
-    os.rename(tmp, link)
-    fsync_dir(parent)
-    for name in os.listdir(parent):
-        if name.startswith(base + ".") and name != generation:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-def read_pending(path):
-    """The pending marker's content (``{"unreadable": reason}`` when it is not JSON), None when absent."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return None
-    try:
-        marker = json.loads(text)
-    except ValueError as exc:
-        return {"unreadable": f"not JSON: {exc}"}
-    return (
-        marker if isinstance(marker, dict) else {"unreadable": f"not a JSON object: {type(marker).__name__}"}
-    )
-
-
-def remove_pending(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 def read_records(path, limit):
@@ -283,17 +152,7 @@ def main():
             record=dict(type="dict"),
             limit=dict(type="int", default=20),
             secret_values=dict(type="list", elements="str", default=[], no_log=True),
-            known_good=dict(
-                type="dict",
-                options=dict(
-                    dir=dict(type="path", required=True),
-                    files=dict(type="dict", required=True),
-                    meta_name=dict(type="str", required=True),
-                    meta=dict(type="dict", default={}),
-                    api_key=dict(type="str", default="", no_log=True),
-                    sha256=dict(type="dict", default={}),
-                ),
-            ),
+            known_good=dict(type="dict", options=KNOWN_GOOD_OPTIONS),
             clear_pending=dict(type="path"),
         ),
         supports_check_mode=True,
@@ -309,41 +168,18 @@ def main():
             module.fail_json(msg=f"cannot read history file {path}: {exc.strerror}")
         module.exit_json(changed=False, records=redact(records, secrets), skipped_lines=skipped, path=path)
 
-    entry = {"time": now_utc()}
-    entry.update({k: v for k, v in record.items() if k != "time"})
-    known_good = module.params["known_good"]
-    if known_good is not None:
-        try:
-            entry.update(keep_known_good(known_good, write=not module.check_mode))
-        except NotVerified as exc:
-            module.fail_json(msg=f"not kept as known-good, not recorded: {exc}", recorded=False)
-        except OSError as exc:
-            module.fail_json(
-                msg=f"cannot keep the known-good files in {known_good['dir']}: "
-                f"{exc.strerror or exc} ({exc.filename})"
-            )
-    pending_path = module.params["clear_pending"]
-    pending = read_pending(pending_path) if pending_path else None
-    if pending is not None:
-        entry["pending"] = pending
-    entry = redact(entry, secrets)
-    line = json.dumps(entry, sort_keys=True, default=str, separators=(",", ":")) + "\n"
-    if "\n" in line[:-1]:
-        module.fail_json(msg="history record serialises to more than one line")
-    if not module.check_mode:
-        try:
-            append_line(path, line)
-        except OSError as exc:
-            module.fail_json(msg=f"cannot append to history file {path}: {exc.strerror or exc}")
-        if pending is not None:
-            try:
-                remove_pending(pending_path)
-            except OSError as exc:
-                module.fail_json(
-                    msg=f"recorded, but cannot remove the pending marker {pending_path}: "
-                    f"{exc.strerror or exc}"
-                )
-    module.exit_json(changed=True, record=entry, path=path, pending_cleared=pending is not None)
+    try:
+        entry, cleared = write(
+            path,
+            record,
+            known_good=module.params["known_good"],
+            clear_pending=module.params["clear_pending"],
+            secrets=secrets,
+            check_mode=module.check_mode,
+        )
+    except NotRecorded as exc:
+        module.fail_json(msg=str(exc), recorded=False)
+    module.exit_json(changed=True, record=entry, path=path, pending_cleared=cleared)
 
 
 if __name__ == "__main__":

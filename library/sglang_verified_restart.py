@@ -112,6 +112,32 @@ options:
         the verified invocation's. Its result is RV(running); a difference fails the call (P3), after the
         proof.
     type: dict
+  record:
+    description:
+      - Once the invocation is verified (and its running arguments, with O(running_args)), record it in the
+        same call, as C(sglang_history) does (module_utils/sglang_history.py). O(record.known_good) is kept
+        first (only files byte for byte the ones the restart started), then O(record.entry) appended to
+        O(record.path), then O(record.clear_pending) removed. The entry gets C(invocation_id), C(main_pid),
+        C(timings) (with C(started_to_ready)) and, with O(running_args), C(read_from) of the verified
+        invocation; the known-good metadata gets its C(invocation_id). A record that cannot be written fails
+        the call (C(recorded=false)), after the proof. Not with O(restart=false) and no O(baseline) (a probe
+        records nothing).
+    type: dict
+    suboptions:
+      path:
+        description: The history file (JSON lines).
+        type: path
+        required: true
+      entry:
+        description: The record, without what the verified invocation adds.
+        type: dict
+        required: true
+      known_good:
+        description: The known-good set to keep (the C(known_good) option of C(sglang_history)).
+        type: dict
+      clear_pending:
+        description: The pending marker to remove (the C(clear_pending) option of C(sglang_history)).
+        type: path
 attributes:
   check_mode:
     support: full
@@ -225,10 +251,24 @@ running:
   description: The result of the running-arguments assertion (as C(sglang_running_args) returns it, redacted).
   returned: with O(running_args), once the invocation is verified
   type: dict
+record:
+  description: The history record as written (redacted, with C(time)).
+  returned: with O(record), once the invocation is verified and recorded
+  type: dict
+recorded:
+  description: Whether O(record) was written.
+  returned: with O(record), once the invocation is verified
+  type: bool
+pending_cleared:
+  description: O(record.clear_pending) was there and is removed now.
+  returned: with O(record), once the invocation is verified and recorded
+  type: bool
 """
 
 from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
+from ansible.module_utils.sglang_history import write as write_history
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_running_args import check as check_running_args
 from ansible.module_utils.sglang_systemd import SystemctlError, as_int, is_loaded, needs_daemon_reload
@@ -250,6 +290,15 @@ ARGUMENT_SPEC = dict(
     budget=dict(type="float"),
     journal_lines=dict(type="int", default=20),
     running_args=dict(type="dict", options=RUNNING_ARGS_SUBOPTIONS),
+    record=dict(
+        type="dict",
+        options=dict(
+            path=dict(type="path", required=True),
+            entry=dict(type="dict", required=True),
+            known_good=dict(type="dict", options=KNOWN_GOOD_OPTIONS),
+            clear_pending=dict(type="path"),
+        ),
+    ),
 )
 RUNNING = ("active", "activating", "reloading", "deactivating")
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
@@ -270,7 +319,33 @@ def checked_params(module):
         module.fail_json(msg=f"budget must be >= 0 (got {params['budget']})")
     if params["restart"] and params["baseline"]:
         module.fail_json(msg="baseline is only used with restart=false (it continues an earlier restart)")
+    if params["record"] is not None and not (params["restart"] or params["baseline"]):
+        module.fail_json(msg="record is only used with a restart (restart=true, or a baseline to continue)")
     return params
+
+
+def record_verified(module, spec, result):
+    """Append the record of the verified invocation (``result``), its known-good set kept first; a record that
+    cannot be written fails the call, naming why."""
+    timings = dict(result.get("timings") or {})
+    ready, started = timings.get("ready"), timings.get("started")
+    numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (ready, started))
+    timings["started_to_ready"] = round(ready - started, 3) if numbers else None
+    entry = dict(
+        spec["entry"], invocation_id=result["invocation_id"], main_pid=result["main_pid"], timings=timings
+    )
+    if "running" in result:
+        entry["read_from"] = result["running"].get("read_from") or {}
+    known_good = spec["known_good"]
+    if known_good is not None:
+        known_good = dict(known_good, meta=dict(known_good["meta"], invocation_id=result["invocation_id"]))
+    try:
+        entry, cleared = write_history(
+            spec["path"], entry, known_good=known_good, clear_pending=spec["clear_pending"]
+        )
+    except NotRecorded as exc:
+        module.fail_json(**dict(result, recorded=False, msg=f"{result['msg']} But {exc}"))
+    result.update(record=entry, recorded=True, pending_cleared=cleared)
 
 
 def unit_problems(unit, props):
@@ -395,6 +470,8 @@ def main():
         result["running"] = running
         if problems:
             module.fail_json(**dict(result, msg=f"{result['msg']} But its {running['msg']}"))
+    if params["record"] is not None and not result["pending"]:
+        record_verified(module, params["record"], result)
     module.exit_json(**result)
 
 

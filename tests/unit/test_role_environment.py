@@ -201,8 +201,8 @@ def test_the_verification_passes_that_environment():
     )
     call = next(b for b in restart["block"] if "sglang_verified_restart" in b)["sglang_verified_restart"]
     assert call["running_args"] == "{{ __sglang_running_args }}"
-    record = next(t for t in VERIFY if "sglang_history" in t)["sglang_history"]
-    assert record["known_good"]["meta"]["expected_env"] == wanted
-    assert record["record"]["env"] == wanted
+    # The deploy is recorded by that same call (record): the known-good metadata and the history entry.
+    assert call["record"]["known_good"]["meta"]["expected_env"] == wanted
+    assert call["record"]["entry"]["env"] == wanted
     plan = (REPO / "playbooks" / "plan.yml").read_text()
     assert f'expected_env: "{wanted}"' in plan

@@ -9,6 +9,7 @@ point at the proc trees copied from the same host; journalctl returns the record
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -457,3 +458,70 @@ def test_running_args_are_asserted_in_the_same_call_once_verified(monkeypatch, p
         )
     else:
         assert not res.get("failed") and res["running"]["msg"] == "3 managed key(s) agree", res["msg"]
+
+
+def _record_spec(tmp_path, unit_text="[Service]\nExecStart=/bin/true\n", sha=None):
+    unit = tmp_path / "vr-healthy.service"
+    unit.write_text(unit_text)
+    pending = tmp_path / "pending.json"
+    pending.write_text('{"since": "the write"}')
+    digest = sha or hashlib.sha256(unit_text.encode()).hexdigest()
+    return {
+        "path": str(tmp_path / "history.jsonl"),
+        "entry": {"result": "verified", "window": 4096},
+        "clear_pending": str(pending),
+        "known_good": {
+            "dir": str(tmp_path / "known-good"),
+            "files": {"unit": str(unit)},
+            "meta_name": "meta.json",
+            "meta": {"unit": "vr-healthy"},
+            "api_key": SECRET,
+            "sha256": {"unit": digest},
+        },
+    }
+
+
+def test_a_verified_restart_is_recorded_in_the_same_call(monkeypatch, tmp_path):
+    """With record, the verified invocation is kept as known-good and appended to the history by the call that
+    verified it (module_utils/sglang_history.py): its invocation, main PID and timings, the pending marker
+    cleared."""
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    spec = _record_spec(tmp_path)
+    args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "stable_seconds": 1, "record": spec}
+    res = run(monkeypatch, replay, args, tree="healthy")
+    assert not res.get("failed"), res["msg"]
+    assert res["recorded"] and res["pending_cleared"]
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    entry = json.loads(lines[0])
+    assert entry == res["record"]
+    assert (entry["result"], entry["window"]) == ("verified", 4096)
+    assert (entry["invocation_id"], entry["main_pid"]) == (res["invocation_id"], 554)
+    t = entry["timings"]
+    assert t["started_to_ready"] == round(t["ready"] - t["started"], 3) > 0
+    assert entry["pending"] == {"since": "the write"} and not (tmp_path / "pending.json").exists()
+    meta = json.loads((tmp_path / "known-good" / "meta.json").read_text())
+    assert meta["invocation_id"] == res["invocation_id"] and meta["unit"] == "vr-healthy"
+    assert (tmp_path / "known-good" / "vr-healthy.service").read_text() == "[Service]\nExecStart=/bin/true\n"
+
+
+def test_a_file_changed_since_the_restart_fails_the_call_and_records_nothing(monkeypatch, tmp_path):
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    spec = _record_spec(tmp_path, sha="0" * 64)
+    args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "stable_seconds": 1, "record": spec}
+    res = run(monkeypatch, replay, args, tree="healthy")
+    assert res["failed"] and res["recorded"] is False
+    assert "and was stable for 1" in res["msg"]
+    assert ". But not kept as known-good, not recorded: changed since the verified restart" in res["msg"]
+    assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / "known-good").exists()
+    assert (tmp_path / "pending.json").exists()
+
+
+def test_a_probe_records_nothing(monkeypatch, tmp_path):
+    replay = Replay(initial="healthy/show.txt")
+    args = {"unit": "vr-healthy", "port": 18001, "restart": False, "record": _record_spec(tmp_path)}
+    res = run(monkeypatch, replay, args, tree="healthy")
+    assert res["failed"] and res["msg"].startswith("record is only used with a restart")
+    assert replay.commands == [] and not (tmp_path / "history.jsonl").exists()

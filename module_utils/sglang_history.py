@@ -1,0 +1,194 @@
+# Copyright: (c) 2026, the sglang-deploy authors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The deploy history's write: one redacted JSON line appended to the history file, the verified files kept as
+the known-good set first (only when they are byte for byte the ones the verified restart started), and the
+pending marker cleared. Shared by library/sglang_history.py and library/sglang_verified_restart.py (which
+records a verified restart in the call that verified it). Standard library only."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import time
+
+from ansible.module_utils.sglang_files import fsync_dir, replace_file
+from ansible.module_utils.sglang_redact import redact
+
+# The options of known_good (argument spec), the same in both modules.
+KNOWN_GOOD_OPTIONS = dict(
+    dir=dict(type="path", required=True),
+    files=dict(type="dict", required=True),
+    meta_name=dict(type="str", required=True),
+    meta=dict(type="dict", default={}),
+    api_key=dict(type="str", default="", no_log=True),
+    sha256=dict(type="dict", default={}),
+)
+
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+
+
+def now_utc():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def append_line(path, line):
+    """One write(2) of the whole line on an O_APPEND descriptor, then fsync (file and, when the
+    file was just created, its directory)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+    created = not os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        if created:
+            os.fchmod(fd, FILE_MODE)
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, 0)
+        data = line.encode("utf-8")
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class NotVerified(Exception):
+    """A file on disk is not the one the verified restart started."""
+
+
+def keep_known_good(spec, write):
+    """Copy the verified files and the metadata into the known-good directory; {name_sha256: hex}.
+    Raises NotVerified (nothing written) when a file differs from its O(known_good.sha256)."""
+    contents, hashes, differ = {}, {}, []
+    expected = spec.get("sha256") or {}
+    unknown = sorted(set(expected) - set(spec["files"]))
+    if unknown:
+        raise NotVerified(f"known_good.sha256 names no file of known_good.files: {', '.join(unknown)}")
+    for name, path in sorted(spec["files"].items()):
+        with open(path, "rb") as handle:
+            contents[path] = handle.read()
+        got = hashes[f"{name}_sha256"] = hashlib.sha256(contents[path]).hexdigest()
+        want = expected.get(name)
+        if want is not None and str(want).lower() != got:
+            differ.append(f"{path} (sha256 {got[:12]}, the restart ran {str(want)[:12]})")
+    if differ:
+        raise NotVerified(
+            "changed since the verified restart started it: "
+            + "; ".join(differ)
+            + ". Written by hand or by another run during the readiness/stability window? It was not "
+            "verified: NOTHING was recorded as known-good"
+        )
+    if write:
+        files = {os.path.basename(path): data for path, data in contents.items()}
+        # sha256_checked: the files whose hash was the one the verified restart ran (all, in the role).
+        meta = dict(spec["meta"], api_key=spec["api_key"], sha256_checked=sorted(expected), **hashes)
+        files[spec["meta_name"]] = (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()
+        switch_known_good(spec["dir"], files)
+    return hashes
+
+
+def switch_known_good(link, files):
+    """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
+    ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
+    symlink over it, and the generation it replaced is removed. A reader (the rollback, the boot-time heal)
+    sees the old set or the new one, never a mix. ``link`` still a real directory (a set kept by an older
+    version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is not atomic: a crash
+    right after it leaves no known-good set, and the next run restarts with proof as on a fresh host)."""
+    link = link.rstrip("/")
+    parent, base = os.path.dirname(link) or ".", os.path.basename(link)
+    os.makedirs(parent, mode=0o750, exist_ok=True)
+    stamp = time.time_ns()
+    generation = f"{base}.{stamp}"
+    new = os.path.join(parent, generation)
+    os.mkdir(new, 0o700)
+    os.chmod(new, 0o700)
+    for name, data in files.items():
+        replace_file(os.path.join(new, name), data, 0o600)
+    fsync_dir(new)
+    if os.path.isdir(link) and not os.path.islink(link):
+        os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
+    tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(generation, tmp)
+    os.rename(tmp, link)
+    fsync_dir(parent)
+    for name in os.listdir(parent):
+        if name.startswith(base + ".") and name != generation:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def read_pending(path):
+    """The pending marker's content (``{"unreadable": reason}`` when it is not JSON), None when absent."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        marker = json.loads(text)
+    except ValueError as exc:
+        return {"unreadable": f"not JSON: {exc}"}
+    return (
+        marker if isinstance(marker, dict) else {"unreadable": f"not a JSON object: {type(marker).__name__}"}
+    )
+
+
+def remove_pending(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+class NotRecorded(Exception):
+    """Nothing (or, when the pending marker could not be removed, only the record) was written; the message
+    says which."""
+
+
+def write(path, record, known_good=None, clear_pending=None, secrets=(), check_mode=False):
+    """Keep ``known_good`` (when given), append ``record`` with its time, clear the pending marker; returns
+    (the entry as written, whether a pending marker was cleared). Raises NotRecorded."""
+    entry = {"time": now_utc()}
+    entry.update({k: v for k, v in record.items() if k != "time"})
+    if known_good is not None:
+        try:
+            entry.update(keep_known_good(known_good, write=not check_mode))
+        except NotVerified as exc:
+            raise NotRecorded(f"not kept as known-good, not recorded: {exc}") from None
+        except OSError as exc:
+            raise NotRecorded(
+                f"cannot keep the known-good files in {known_good['dir']}: "
+                f"{exc.strerror or exc} ({exc.filename})"
+            ) from None
+    pending = read_pending(clear_pending) if clear_pending else None
+    if pending is not None:
+        entry["pending"] = pending
+    entry = redact(entry, list(secrets))
+    line = json.dumps(entry, sort_keys=True, default=str, separators=(",", ":")) + "\n"
+    if "\n" in line[:-1]:
+        raise NotRecorded("history record serialises to more than one line")
+    if not check_mode:
+        try:
+            append_line(path, line)
+        except OSError as exc:
+            raise NotRecorded(f"cannot append to history file {path}: {exc.strerror or exc}") from None
+        if pending is not None:
+            try:
+                remove_pending(clear_pending)
+            except OSError as exc:
+                raise NotRecorded(
+                    f"recorded, but cannot remove the pending marker {clear_pending}: {exc.strerror or exc}"
+                ) from None
+    return entry, pending is not None
