@@ -417,6 +417,22 @@ def probe_baseline(module, params, props, call_us):
     return verifier.new_baseline(params, props, False, None, call_us, None)
 
 
+def assert_running_args(module, params, invocation_id):
+    """(the assertion's result, its problems) for ``invocation_id``; this call's address, key and unit."""
+    return check_running_args(
+        module,
+        dict(
+            params["running_args"],
+            host=params["host"],
+            port=params["port"],
+            api_key=params["api_key"],
+            unit=params["unit"],
+            invocation_id=invocation_id,
+            observed=None,
+        ),
+    )
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = checked_params(module)
@@ -453,23 +469,23 @@ def main():
     budget_end_us = baseline["stable_deadline_us"]
     if params["budget"] is not None:
         budget_end_us = min(budget_end_us, call_us + int(params["budget"] * 1e6))
-    result = verifier.Verifier(module, params, baseline, systemctl).run(budget_end_us)
+    # The running arguments are asserted as soon as the invocation is ready, while its stability window
+    # elapses (the window then proves the same invocation stayed); a call that continues a baseline whose
+    # ready moment an earlier call saw asserts them after the window.
+    running, on_ready = {}, None
+    if params["running_args"] is not None:
+
+        def on_ready(b):
+            running["at_ready"] = assert_running_args(module, params, b["invocation_id"])
+
+    result = verifier.Verifier(module, params, baseline, systemctl, on_ready=on_ready).run(budget_end_us)
     if params["running_args"] is not None and not result["pending"]:
-        running, problems = check_running_args(
-            module,
-            dict(
-                params["running_args"],
-                host=params["host"],
-                port=params["port"],
-                api_key=params["api_key"],
-                unit=params["unit"],
-                invocation_id=result["invocation_id"],
-                observed=None,
-            ),
+        checked, problems = running.get("at_ready") or assert_running_args(
+            module, params, result["invocation_id"]
         )
-        result["running"] = running
+        result["running"] = checked
         if problems:
-            module.fail_json(**dict(result, msg=f"{result['msg']} But its {running['msg']}"))
+            module.fail_json(**dict(result, msg=f"{result['msg']} But its {checked['msg']}"))
     if params["record"] is not None and not result["pending"]:
         record_verified(module, params["record"], result)
     module.exit_json(**result)

@@ -149,11 +149,14 @@ class HealthProbe:
 class Verifier:
     """The polling state machine. All state that must survive a ``budget`` return is in ``self.b``."""
 
-    def __init__(self, module, params, baseline, systemctl):
+    def __init__(self, module, params, baseline, systemctl, on_ready=None):
         self.module = module
         self.p = params
         self.b = baseline
         self.systemctl = systemctl
+        # Called once, in this call, when the invocation first answers 200 (before its stability window), with
+        # the baseline: work that needs a ready server runs while the window elapses, not after it.
+        self.on_ready = on_ready
         self.secrets = [s for s in (params.get("api_key"),) if s]
         url = base_url(params["host"], params["port"]) + HEALTH_PATH
         self.probe = HealthProbe(url, params.get("api_key"), params["health_timeout"])
@@ -470,6 +473,8 @@ class Verifier:
         if not b.get("ready_us"):
             b["ready_us"] = done_us
             self.check_orphans()
+            if self.on_ready is not None:
+                self.on_ready(b)
         b["streak"] = b.get("streak", 0) + 1
         if not b.get("stable_since_us"):
             b["stable_since_us"] = done_us

@@ -418,11 +418,12 @@ def test_verify_running_refuses_a_dead_unit(monkeypatch):
 def test_running_args_are_asserted_in_the_same_call_once_verified(monkeypatch, problems):
     """With running_args, the verified invocation's arguments are asserted by the running-arguments check
     (module_utils/sglang_running_args.py, tested on its own in test_running_args.py) with this call's address,
-    key and unit and the invocation just verified; a difference fails the call after the proof."""
+    key and unit and the invocation just verified, as soon as it is ready (during its stability window); a
+    difference fails the call after the proof."""
     calls = []
 
     def check(_module, p):
-        calls.append(p)
+        calls.append(dict(p, at_us=replay.now_us()))
         msg = (
             "running SGLang arguments do not match the intended ones:\n"
             if problems
@@ -446,6 +447,8 @@ def test_running_args_are_asserted_in_the_same_call_once_verified(monkeypatch, p
         "vr-healthy.service",
     )
     assert p["invocation_id"] == res["invocation_id"] and p["observed"] is None
+    # Asserted at ready, while the stability window elapsed (not after it).
+    assert res["baseline"]["ready_us"] <= p["at_us"] < res["baseline"]["stable_us"]
     assert p["expected"] == {"speculative_draft_window_size": 4096} and p["expected_env"] == {}
     assert res["running"]["diff"] == problems
     if problems:
