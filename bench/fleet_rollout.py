@@ -12,7 +12,8 @@ Two figures, printed (asserts nothing):
      3-host figure minus the 2-host one: the run's fixed part - Ansible's start, the first play over all
      hosts at once - cancels out; target <= 5 s per host). Both rollouts have at least 2 hosts, so both go
      through the rolling play (one host is deployed by the first play alone);
-  2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts (target: 4 hosts <= 1.5x 1 host).
+  2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts, interleaved --runs times, the fastest
+     of each (target: 4 hosts <= 1.5x 1 host).
 
 Brings up `--hosts 5 --routers 1` lab hosts from --first-index (its own inventory
 inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048, then 4096 to all of them (not
@@ -141,7 +142,7 @@ def main() -> int:
         "--first-index", type=int, default=150, help="lab<K>..lab<K+4> (4 GPU hosts, 1 router)"
     )
     parser.add_argument(
-        "--runs", type=int, default=3, help="no-change runs per host count (the minimum is shown)"
+        "--runs", type=int, default=5, help="no-change rounds of 1, 2, 4 hosts (the fastest is shown)"
     )
     args = parser.parse_args()
     bench = Bench(args.first_index)
@@ -164,19 +165,22 @@ def main() -> int:
         )
         # All hosts on window 4096 again (not measured), then no-change runs on 1, 2 and 4 of them.
         bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
-        figures = {}
-        for n in (1, 2, 4):
-            limit = ",".join(bench.gpu[:n])
-            runs = [
-                bench.play("playbooks/sglang.yml", "-e", "window=4096", "--limit", limit)
-                for _ in range(args.runs)
-            ]
-            assert all(
-                "changed=0" in line for _, out in runs for line in out.splitlines() if " : ok=" in line
-            )
-            figures[n] = min(wall for wall, _ in runs)
+        # Interleaved (1, 2, 4 hosts, then again): the machine's speed drifts within minutes, and runs of one
+        # host count after another would charge that drift to the host count.
+        walls: dict[int, list[float]] = {1: [], 2: [], 4: []}
+        for _ in range(args.runs):
+            for n in walls:
+                wall, out = bench.play(
+                    "playbooks/sglang.yml", "-e", "window=4096", "--limit", ",".join(bench.gpu[:n])
+                )
+                assert all("changed=0" in line for line in out.splitlines() if " : ok=" in line)
+                walls[n].append(wall)
+        figures = {n: min(w) for n, w in walls.items()}
         for n, seconds in figures.items():
-            print(f"no-change run, {n} GPU host(s): {seconds:.1f} s ({seconds / figures[1]:.2f}x one host)")
+            print(
+                f"no-change run, {n} GPU host(s): {seconds:.1f} s ({seconds / figures[1]:.2f}x one host; "
+                f"runs {', '.join(f'{w:.1f}' for w in walls[n])})"
+            )
         print("target: 4 hosts <= 1.5x one host")
     finally:
         subprocess.run([str(LABCTL), "down", "--inventory", str(bench.inventory)], check=False, cwd=ROOT)
