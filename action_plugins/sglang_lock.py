@@ -88,6 +88,24 @@ def dead_here(holder: dict, me: dict) -> str | None:
     return None
 
 
+def taking(execute, lock_args: dict, me: dict) -> dict:
+    """Take the lock through ``execute(lock arguments) -> module result`` (sglang_lock, or sglang_host_probe
+    with O(lock)): at once first (a wait is spent only on a holder that may still be alive), then once more
+    with ``takeover`` when the holder's ansible-playbook ran on this controller and is gone, or with the
+    wait asked for."""
+    args = dict(lock_args)
+    args.setdefault("controller", me)
+    res = execute(dict(args, wait=0))
+    holder = res.get("holder") if isinstance(res.get("holder"), dict) else {}
+    if res.get("failed") and holder.get("token"):
+        reason = dead_here(holder, me)
+        if reason:
+            res = execute(dict(args, takeover=holder["token"], takeover_reason=reason))
+        elif int(args.get("wait") or 0) > 0:
+            res = execute(args)
+    return res
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
@@ -96,19 +114,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
+
+        def execute(module_args):
+            return self._execute_module(module_name=MODULE, module_args=module_args, task_vars=task_vars)
+
         me = controller_identity(task_vars)
         args.setdefault("controller", me)
-        acquiring = args.get("state", "acquired") == "acquired"
-        # A wait is spent only on a holder that may still be alive: ask at once first.
-        first = dict(args, wait=0) if acquiring else args
-        res = self._execute_module(module_name=MODULE, module_args=first, task_vars=task_vars)
-        holder = res.get("holder") if isinstance(res.get("holder"), dict) else {}
-        if res.get("failed") and acquiring and holder.get("token"):
-            reason = dead_here(holder, me)
-            if reason:
-                retry = dict(args, takeover=holder["token"], takeover_reason=reason)
-                res = self._execute_module(module_name=MODULE, module_args=retry, task_vars=task_vars)
-            elif int(args.get("wait") or 0) > 0:
-                res = self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
+        res = taking(execute, args, me) if args.get("state", "acquired") == "acquired" else execute(args)
         result.update(res)
         return result

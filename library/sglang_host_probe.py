@@ -192,10 +192,57 @@ options:
       - The pending marker C(sglang_unit) writes before it replaces the unit files and C(sglang_history)
         removes once the deploy is verified or rolled back; RV(pending) reports it.
     type: path
+  lock:
+    description:
+      - Take the deploy lock (library/sglang_lock.py, C(state=acquired)) FIRST, in this same call, so that
+        everything the probe reads is read holding it - one round trip less per deploy than a separate
+        C(sglang_lock) task. The suboptions are C(sglang_lock)'s; the action plugin of the same name as
+        this module adds O(lock.controller) and, when a holder started on the same controller is dead there,
+        asks again with O(lock.takeover), as C(sglang_lock)'s does.
+      - Refused (a live holder), the call fails naming it (RV(holder)) and probes nothing. Taken, RV(lock) is
+        what C(sglang_lock) returns (C(token), C(holder), C(took_over), C(message), C(waited), C(lock_file));
+        a probe that fails after that still returns RV(lock), so the run can release it. Check mode takes
+        nothing and warns when a deploy is in progress.
+    type: dict
+    suboptions:
+      name:
+        description: Service the lock is for.
+        type: str
+        required: true
+      dir:
+        description: Lock directory (created C(0700) root).
+        type: path
+        default: /run/sglang-deploy
+      wait:
+        description: Seconds to wait for a live holder to release before refusing.
+        type: int
+        default: 0
+      lease:
+        description: Seconds this run may go without another call before its lock counts as abandoned.
+        type: int
+        default: 3600
+      doing:
+        description: What the run does while it holds the lock (shown to a refused run).
+        type: str
+        default: deploying
+      controller:
+        description: Who runs; set by the action plugin.
+        type: dict
+        default: {}
+      anchor_pid:
+        description: Process on this host whose life spans the run (default as C(sglang_lock)'s).
+        type: int
+      takeover:
+        description: Token of a holder the action plugin proved dead on its controller.
+        type: str
+      takeover_reason:
+        description: Why the holder of O(lock.takeover) is dead (reported).
+        type: str
+        default: its controller process is gone
 attributes:
   check_mode:
     support: full
-    details: The module never changes anything; it runs the same in check mode.
+    details: The module never changes anything; it runs the same in check mode (O(lock) takes nothing).
   diff_mode:
     support: none
 """
@@ -224,6 +271,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock:
+  description: With O(lock) - what taking the deploy lock returned (as C(sglang_lock) C(state=acquired)).
+  returned: with O(lock)
+  type: dict
+holder:
+  description: The live holder's record, when O(lock) was refused.
+  returned: when the lock was refused
+  type: dict
 venv:
   description: O(venv)/bin/python exists and is executable.
   returned: always
@@ -331,6 +386,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, take
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
@@ -732,6 +788,7 @@ def main():
             dropin_dirs=dict(type="list", elements="path", default=list(DROPIN_DIRS)),
             dropin_lines=dict(type="int", default=6),
             pending=dict(type="path"),
+            lock=dict(type="dict", options=TAKE_OPTIONS),
         ),
         supports_check_mode=True,
     )
@@ -744,6 +801,17 @@ def main():
         modes = checked_modes(p["modes"])
     except BadMode as exc:
         module.fail_json(msg=str(exc))
+    # The lock first: everything below is read holding it. Any later failure returns it (to be released).
+    taken = {}
+    if p["lock"]:
+        lock = p["lock"]
+        try:
+            taken, refused = take(lock, module.check_mode, module.warn)
+        except (OSError, LockError) as exc:
+            module.fail_json(msg=failure(lock, exc))
+        if refused:
+            module.fail_json(msg=refused, holder=taken.get("holder"), lock=taken)
+        taken = {"lock": taken}
     dirs += [
         {"path": path, "owner": user["name"], "group": user["group"], "mode": user_dir_mode}
         for path in p["user_dirs"]
@@ -754,10 +822,10 @@ def main():
         try:
             release = release_state(p["release"])
         except ReleaseError as exc:
-            module.fail_json(msg=str(exc))
+            module.fail_json(msg=str(exc), **taken)
         p["venv"], p["marker"] = release["path"], os.path.join(release["path"], p["release"]["marker_name"])
     elif not p["venv"] or not p["marker"]:
-        module.fail_json(msg="venv and marker are required without release")
+        module.fail_json(msg="venv and marker are required without release", **taken)
 
     group_ok, user_ok = account(user)
     try:
@@ -787,6 +855,7 @@ def main():
         systemd=systemd,
         dropins=dropins(p["unit"], p["dropin_dirs"], systemd.get("DropInPaths"), p["dropin_lines"]),
         pending=read_pending(p["pending"]) if p["pending"] else None,
+        **taken,
     )
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -570,3 +571,73 @@ def test_a_pending_marker_left_by_an_interrupted_run_is_reported(run_module, hos
     marker.mkdir()
     result, failed = run_module("sglang_host_probe", args)
     assert not failed and result["pending"] == {"unreadable": "not a regular file", "not_a_file": True}
+
+
+def test_the_deploy_lock_is_taken_first_in_the_probes_own_call_and_a_held_one_refuses(
+    run_module, host, tmp_path
+):
+    """With lock, the call takes the deploy lock (the same record sglang_lock writes) before it reads the
+    host; a second run is refused naming the holder, and probes nothing."""
+    build_good_host(tmp_path)
+    (tmp_path / "run").mkdir()
+    lock = {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"), "doing": "installing"}
+    holder = subprocess.Popen(["sleep", "60"])  # the first run's connection process on this host
+    try:
+        first, failed = run_module(
+            "sglang_host_probe", {**want(tmp_path), "lock": {**lock, "anchor_pid": holder.pid}}
+        )
+        assert not failed, first
+        assert first["versions"] == ["0.5.23"] and first["bad_dirs"] == []  # and it probed
+        taken = first["lock"]
+        record = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
+        assert (
+            len(taken["token"]) == 32
+            and record["token"] == taken["token"]
+            and record["doing"] == "installing"
+        )
+        assert taken["holder"] == record and "took_over" not in taken
+
+        second, failed = run_module("sglang_host_probe", {**want(tmp_path), "lock": lock})
+        assert failed and second["msg"].startswith("another deploy of sglang holds ")
+        assert second["holder"]["token"] == taken["token"] and second["lock"]["token"] == ""
+        assert "versions" not in second and "systemd" not in second  # refused before reading anything
+        assert sorted(host["calls"]) == ["dpkg-query", "systemctl"]  # the first call's only
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its holder gone, the lock is taken over (and said so).
+    third, failed = run_module("sglang_host_probe", {**want(tmp_path), "lock": lock})
+    assert not failed, third
+    assert (
+        third["lock"]["took_over"]["token"] == taken["token"]
+        and "is gone" in third["lock"]["took_over"]["reason"]
+    )
+    assert any("took over the deploy lock of sglang" in text for text in host["warned"])
+
+
+def test_a_probe_that_fails_after_taking_the_lock_returns_it_to_be_released(run_module, host, tmp_path):
+    build_good_host(tmp_path)
+    (tmp_path / "run").mkdir()
+    lock = {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"), "anchor_pid": os.getpid()}
+    args = {k: v for k, v in want(tmp_path).items() if k not in ("venv", "marker")}  # neither, nor a release
+    result, failed = run_module("sglang_host_probe", {**args, "lock": lock})
+    assert failed and result["msg"] == "venv and marker are required without release"
+    on_disk = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
+    assert result["lock"]["token"] == on_disk["token"]
+
+
+def test_check_mode_takes_no_lock_and_warns_of_a_deploy_in_progress(run_module, host, tmp_path):
+    build_good_host(tmp_path)
+    (tmp_path / "run").mkdir()
+    lock = {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"), "anchor_pid": os.getpid()}
+    held, failed = run_module("sglang_host_probe", {**want(tmp_path), "lock": lock})
+    assert not failed, held
+    before = (tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_bytes()
+    checked, failed = run_module(
+        "sglang_host_probe", {**want(tmp_path), "lock": lock, "_ansible_check_mode": True}
+    )
+    assert not failed, checked
+    assert checked["lock"]["token"] == "" and checked["lock"]["holder"]["token"] == held["lock"]["token"]
+    assert any("sglang is being deployed now by" in text for text in host["warned"])
+    assert (tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_bytes() == before
+    assert checked["versions"] == ["0.5.23"]  # and it probed

@@ -528,3 +528,44 @@ def test_a_probe_records_nothing(monkeypatch, tmp_path):
     res = run(monkeypatch, replay, args, tree="healthy")
     assert res["failed"] and res["msg"].startswith("record is only used with a restart")
     assert replay.commands == [] and not (tmp_path / "history.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------ release_lock
+def _held_lock(tmp_path, token="a" * 32):
+    """A deploy lock record as sglang_lock writes it, held by ``token``."""
+    directory = tmp_path / "sglang-deploy"
+    directory.mkdir(mode=0o700)
+    (directory / "sglang.lock").write_text(
+        json.dumps({"token": token, "controller": {}, "doing": "deploying"})
+    )
+    return {"dir": str(directory), "name": "sglang", "token": token}
+
+
+@pytest.mark.parametrize("outcome", ["verified", "failed"])
+def test_the_proof_releases_this_runs_lock_when_it_ends_verified_or_failed(monkeypatch, tmp_path, outcome):
+    lock = _held_lock(tmp_path)
+    replay = Replay(initial="healthy/show.txt" if outcome == "verified" else "show-vr-crash.txt")
+    replay.ready_at_us = 0
+    unit = {"verified": ("vr-healthy", 18001), "failed": ("vr-crash", 18002)}[outcome]
+    args = {"unit": unit[0], "port": unit[1], "restart": False, "health_count": 1, "release_lock": lock}
+    res = run(monkeypatch, replay, args, tree="healthy" if outcome == "verified" else None)
+    assert bool(res.get("failed")) is (outcome == "failed"), res["msg"]
+    assert res["released_lock"] == lock["token"]
+    assert not (tmp_path / "sglang-deploy" / "sglang.lock").exists()
+
+
+def test_a_pending_call_keeps_the_lock_and_another_runs_lock_is_left(monkeypatch, tmp_path):
+    lock = _held_lock(tmp_path)
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    args = {"unit": "vr-healthy", "port": 18001, "stable_seconds": 2, "health_count": 2, "release_lock": lock}
+    first = run(monkeypatch, replay, dict(args, budget=0.5), tree="healthy")
+    assert first["pending"] and "released_lock" not in first
+    assert (tmp_path / "sglang-deploy" / "sglang.lock").exists()  # the action plugin calls again
+    # Meanwhile the lock became another run's (taken over): the last call leaves it as it is.
+    other = dict(lock, token="b" * 32)
+    (tmp_path / "sglang-deploy" / "sglang.lock").write_text(json.dumps({"token": other["token"]}))
+    second = run(monkeypatch, replay, dict(args, restart=False, baseline=first["baseline"]), tree="healthy")
+    assert not second.get("failed") and not second["pending"], second["msg"]
+    assert second["released_lock"] == ""
+    assert json.loads((tmp_path / "sglang-deploy" / "sglang.lock").read_text())["token"] == other["token"]
