@@ -106,3 +106,14 @@ def fixture_path():
         return path
 
     return _path
+
+
+@pytest.fixture(scope="session")
+def ansible_plugins():
+    """The collection loader as ansible-playbook installs it (``ansible.builtin.*`` lookups and filters
+    found by name), once per session: a second install only warns."""
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+    if AnsibleCollectionConfig.collection_finder is None:
+        init_plugin_loader([])

@@ -23,11 +23,10 @@ WHEN = datetime.datetime(2026, 12, 5, 12, 0, tzinfo=datetime.timezone.utc)
 
 
 @pytest.fixture(scope="module")
-def loader():
+def loader(ansible_plugins):
     """The collection loader as ansible-playbook installs it, and module_utils/ on the search path."""
-    from ansible.plugins.loader import init_plugin_loader, module_utils_loader
+    from ansible.plugins.loader import module_utils_loader
 
-    init_plugin_loader([])
     module_utils_loader.add_directory(str(REPO / "module_utils"))
 
 
