@@ -4,15 +4,20 @@ and Ansible's filters from the REAL result of sglang_running_args on recorded ou
 (budget 8, top-k 4 from the process environment, window 4096). The summary shows each MANAGED key as the
 running server reported it and where it was read, and the path of the full report - never the whole
 /server_info, which the module returns only for that report (full_server_info), secrets redacted.
+
+Rendered as deploys render it: by the action plugin sglang_deploy_report (playbooks/tasks/deploy_report.yml),
+with Ansible's templating engine and the template's three variables only. The plugin replaced a debug task
+whose msg was the template lookup; the lines are proven the same as that lookup printed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
-import jinja2
 import pytest
-from ansible.plugins.filter.core import FilterModule
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 from conftest import REPO
 from test_running_args import (
     DD,
@@ -26,21 +31,49 @@ from test_running_args import (
     ddtree_host,
 )
 
+spec = importlib.util.spec_from_file_location(
+    "deploy_report_action", REPO / "action_plugins" / "sglang_deploy_report.py"
+)
+plugin = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plugin)
+
 REPORT = "/srv/deploy/out/deploy/20261203T120000Z/lab1.json"
+TEMPLATE = str(REPO / "templates" / "deploy_summary.j2")
+# The msg of the debug task that printed the summary before the action plugin rendered it, verbatim (in
+# YAML's double quotes, as in Python's, '\n' is a newline: the Jinja string literal holds one).
+LOOKUP = (
+    "{{ lookup('ansible.builtin.template', playbook_dir | dirname ~ '/templates/deploy_summary.j2')"
+    " | trim | split('\n') }}"
+)
+
+
+@pytest.fixture(autouse=True)
+def _plugins(ansible_plugins):
+    """Ansible's filters and lookups found by name, as in a playbook run."""
 
 
 def render(verified, host="lab1", report_file=REPORT):
-    """As playbooks/sglang.yml: lookup('template') (trim_blocks, Ansible's filters) | trim | split('\\n')."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(REPO / "templates")),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-    )
-    # Jinja's own filters and the one of Ansible the template uses (Ansible 2.19 replaces default, map...
-    # with versions tied to its own templating engine; Jinja's are the same for this template).
-    env.filters["to_json"] = FilterModule().filters()["to_json"]
-    text = env.get_template("deploy_summary.j2").render(host=host, verified=verified, report_file=report_file)
-    return text.strip().split("\n")
+    """As playbooks/tasks/deploy_report.yml: the plugin's rendering, with the three variables only."""
+    loader = DataLoader()
+    variables = {"host": host, "verified": verified, "report_file": report_file}
+    return plugin.render_summary(Templar(loader=loader), loader, TEMPLATE, variables)
+
+
+def render_by_lookup(verified, host="lab1", report_file=REPORT):
+    """The old debug task's msg: the template lookup over the task's variables (the debug task's vars on
+    top of the host's), templated as Ansible templates a task argument."""
+    task_vars = {
+        "inventory_hostname": host,
+        "__sglang_verified": verified,
+        "__deploy_report_file": report_file,
+        "playbook_dir": str(REPO / "playbooks"),
+        "ansible_check_mode": False,
+        # the debug task's vars
+        "host": trust_as_template("{{ inventory_hostname }}"),
+        "verified": trust_as_template("{{ __sglang_verified }}"),
+        "report_file": trust_as_template("{{ __deploy_report_file }}"),
+    }
+    return Templar(loader=DataLoader(), variables=task_vars).template(trust_as_template(LOOKUP))
 
 
 def verified(
@@ -182,3 +215,43 @@ def test_a_key_no_source_reported_is_named_with_its_intended_value(dflash):
     result = dict(dflash, reported={}, read_from=dict(dflash["read_from"], port=[]))
     lines = render(verified(result, EXPECTED_2048))
     assert "  port: not reported by any source (intended 30000)" in lines
+
+
+def test_the_plugin_prints_the_lines_the_template_lookup_printed(dflash):
+    """The merge of the debug task into sglang_deploy_report changed no line of the summary: the same
+    list of strings, for a restart, a key no source reported, and variables holding backslashes, quotes
+    and template markers (data, never templated again)."""
+    cases = [
+        (verified(dflash, EXPECTED_2048), "lab1", REPORT),
+        (verified(dflash, EXPECTED_2048, restarted=False), "gpu-a.example", "/srv/deploy/out/x y/gpu-a.json"),
+        (
+            verified(
+                dict(dflash, reported={}, read_from=dict(dflash["read_from"], port=[])),
+                dict(EXPECTED_2048, model_path="/m/{{ a }}\\x 'q' \"d\" %s"),
+                unit="sglang-{% raw %}.service",
+            ),
+            "lab1",
+            "/srv/out/{{ run }}/lab1.json",
+        ),
+    ]
+    for case in cases:
+        lines = render(*case)
+        assert lines == render_by_lookup(*case)
+        assert all(type(line) is str for line in lines) and len(lines) > 5
+    # the third case did render its awkward values as data
+    assert "  port: not reported by any source (intended 30000)" in lines
+    assert "  model_path: not reported by any source (intended /m/{{ a }}\\x 'q' \"d\" %s)" in lines
+    assert lines[0].startswith("lab1: sglang-{% raw %}.service runs the intended arguments")
+    assert lines[-1].endswith(": /srv/out/{{ run }}/lab1.json")
+
+
+def test_the_plugin_prints_the_lines_the_template_lookup_printed_ddtree(monkeypatch, run_module):
+    """The same for the recorded lab DDTree deploy: an environment knob, two runner lines, a warning."""
+    ddtree_host(monkeypatch)
+    result, failed = run_module("sglang_running_args", ddtree_args(full_server_info=True))
+    assert not failed, result["msg"]
+    case = verified(result, DD_EXPECTED, {"SGLANG_DDTREE_MAX_TOPK": "4"}, restarted=False)
+    lines = render(case)
+    assert lines == render_by_lookup(case)
+    assert any(line.startswith("warning: ") for line in lines)
+    assert "Environment of the running process (/proc/949/environ):" in lines
