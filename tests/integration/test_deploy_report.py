@@ -24,15 +24,18 @@ SERVER_INFO = (
     'python3 -c "import urllib.request; '
     "print(urllib.request.urlopen('http://127.0.0.1:30000/server_info', timeout=10).read().decode())\""
 )
+# playbooks/tasks/deploy_report.yml: one task per host writes the report and returns the summary's lines.
+TASK = "Show the verified running arguments and write the full report"
 SUMMARY_LINE = re.compile(r"^ {2}(?P<key>[a-z_]+): (?P<value>.*) \(from (?P<sources>[^)]*)\)$")
 
 
-def summary_lines(stdout: str) -> list[str]:
-    """The msg list of the task 'Show the verified running arguments', as the YAML callback printed it."""
-    if "TASK [Show the verified running arguments]" not in stdout:
-        return []
-    block = stdout.split("TASK [Show the verified running arguments]", 1)[1].split("\n\n", 1)[0]
-    return yaml.safe_load(textwrap.dedent(block.split("=>", 1)[1].split("\n", 1)[1]))["msg"]
+def summary_result(stdout: str) -> dict:
+    """The result of the task that shows the summary and writes the report, as the YAML callback printed
+    it (the default callback prints it without -v, as a debug task's), or {} when it printed none."""
+    if f"TASK [{TASK}]" not in stdout:
+        return {}
+    block = stdout.split(f"TASK [{TASK}]", 1)[1].split("\n\n", 1)[0]
+    return yaml.safe_load(textwrap.dedent(block.split("=>", 1)[1].split("\n", 1)[1]))
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +48,15 @@ def run(lab_host):
     if before.invocation_id != start.invocation_id:
         print("the baseline restore restarted the server:", lab_host.history()[-1:])
     r = lab_host.playbook("-e", "window=2048")
-    lines = summary_lines(r.stdout) if r.returncode == 0 else []
+    printed = summary_result(r.stdout) if r.returncode == 0 else {}
+    lines = printed.get("msg", [])
     last = lines[-1] if lines else ""
     found = re.fullmatch(r"Full report \(the whole /server_info and the assertion\): (\S+\.json)", last)
     report = Path(found.group(1)) if found else None
     try:
         yield {
             "r": r,
+            "printed": printed,
             "lines": lines,
             "before": before,
             "after": lab_host.state(),
@@ -71,7 +76,9 @@ def test_the_summary_shows_the_managed_running_arguments_as_the_server_reports_t
     report = json.loads(run["report"].read_text())
     managed = set(report["intended"])
     lines = run["lines"]
-    assert lines, "deploy.yml printed no summary (task 'Show the verified running arguments')"
+    assert lines, f"deploy.yml printed no summary (task {TASK!r})"
+    # the task's whole result, printed without -v: the lines and the report's path, not the report
+    assert run["printed"] == {"changed": False, "msg": lines, "path": str(run["report"])}, run["printed"]
     assert lines[0] == (
         f"{lab_host.name}: sglang.service runs the intended arguments, invocation "
         f"{run['after'].invocation_id} (not restarted: it already ran them)"
