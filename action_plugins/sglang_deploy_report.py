@@ -11,9 +11,9 @@ written atomically (a temporary file in the same directory, then rename) by the 
 
 The summary (templates/deploy_summary.j2) used to be a task of its own, ``debug`` with a template lookup:
 one more worker per host, and the lookup deep-copies every task variable to render a template that reads
-three (~0.12 s of controller CPU a host). Here it is rendered in the same task, with only the variables
-given in ``summary_vars``, the way the template lookup renders (trim_blocks, backslashes not escaped), then
-``| trim | split('\\n')`` as the debug task did: the same lines.
+three (docs/ARCHITECTURE.md, "What a run costs the controller"). Here it is rendered in the same task,
+with only the variables given in ``summary_vars``, the way the template lookup renders (trim_blocks,
+backslashes not escaped), then ``| trim | split('\\n')`` as the debug task did: the same lines.
 """
 
 from __future__ import annotations
