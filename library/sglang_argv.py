@@ -205,83 +205,23 @@ capabilities_cached:
   type: bool
 """
 
-import shlex
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_argv import build_command, flag_dests
-from ansible.module_utils.sglang_capabilities import discover
-from ansible.module_utils.sglang_options import SECRET_KEYS, select_profile
-from ansible.module_utils.sglang_redact import redact_argv
+from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            settings=dict(type="dict", default={}),
-            extra_args=dict(type="list", elements="dict", default=[]),
+            BUILD_OPTIONS,
             capabilities=dict(type="dict"),
             python=dict(type="path"),
-            cache_dir=dict(type="path", default="/var/lib/sglang-deploy/capabilities"),
-            cache_files=dict(type="dict"),
-            timeout=dict(type="int", default=300),
-            secret_env=dict(type="dict", default={}),
-            profile=dict(type="str", default="upstream"),
-            profiles=dict(type="dict", default={}),
-            environment=dict(type="list", elements="str", default=[]),
-            config_path=dict(type="path"),
         ),
         mutually_exclusive=[("capabilities", "python")],
         required_one_of=[("capabilities", "python")],
         supports_check_mode=True,
     )
     params = module.params
-    settings = params["settings"]
-    secret_env = params["secret_env"]
-    # The secret's value (if the caller passed it) must never come back in any output.
-    secret_values = [
-        str(settings[k])
-        for k in set(secret_env) | SECRET_KEYS
-        if isinstance(settings.get(k), str) and settings.get(k)
-    ]
-    for value in secret_values:
-        module.no_log_values.add(value)
-    capabilities, found = params["capabilities"], {}
-    if capabilities is None:
-        capabilities, cached, _, _ = discover(
-            module, params["python"], params["cache_dir"], params["timeout"], params["cache_files"]
-        )
-        found = {"algorithms": capabilities.get("algorithms", []), "capabilities_cached": cached}
-    profile, errors = select_profile(params["profile"], params["profiles"])
-    if errors:
-        module.fail_json(msg="; ".join(errors))
-    try:
-        built = build_command(
-            settings,
-            capabilities,
-            profile,
-            params["extra_args"],
-            secret_env,
-            params["environment"],
-            params["config_path"],
-        )
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
-    for note in built["notes"]:
-        module.warn(f"{profile['name']}: {note}")
-    dests = {
-        flag: dest
-        for flag, dest in flag_dests(capabilities).items()
-        if flag.startswith("--") and flag[2:].replace("-", "_") != dest
-    }
-    module.exit_json(
-        changed=False,
-        display_argv=shlex.join(redact_argv(built["argv"], secret_values)),
-        version=capabilities.get("version"),
-        flag_dests=dests,
-        profile=profile["name"],
-        **built,
-        **found,
-    )
+    module.exit_json(changed=False, **command_line(module, params, params["python"], params["capabilities"]))
 
 
 if __name__ == "__main__":

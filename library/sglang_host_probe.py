@@ -239,6 +239,55 @@ options:
         description: Why the holder of O(lock.takeover) is dead (reported).
         type: str
         default: its controller process is gone
+  argv:
+    description:
+      - Build the SGLang command line in this same call, as C(sglang_argv) does with O(argv) being its options
+        (not C(python) nor C(capabilities)); the flags are asked of the release's own Python
+        (C(<release>/bin/python), cached per installation). Only when O(release) is given and that release is
+        complete; else RV(argv) is null and the caller runs C(sglang_argv) after the install. One round trip
+        less per deploy of an installed release.
+    type: dict
+    suboptions:
+      settings:
+        description: As C(sglang_argv)'s.
+        type: dict
+        default: {}
+      extra_args:
+        description: As C(sglang_argv)'s.
+        type: list
+        elements: dict
+        default: []
+      cache_dir:
+        description: As C(sglang_argv)'s.
+        type: path
+        default: /var/lib/sglang-deploy/capabilities
+      cache_files:
+        description: As C(sglang_argv)'s.
+        type: dict
+      timeout:
+        description: As C(sglang_argv)'s.
+        type: int
+        default: 300
+      secret_env:
+        description: As C(sglang_argv)'s.
+        type: dict
+        default: {}
+      profile:
+        description: As C(sglang_argv)'s.
+        type: str
+        default: upstream
+      profiles:
+        description: As C(sglang_argv)'s.
+        type: dict
+        default: {}
+      environment:
+        description: As C(sglang_argv)'s.
+        type: list
+        elements: str
+        default: []
+      config_path:
+        description: As C(sglang_argv)'s.
+        type: path
 attributes:
   check_mode:
     support: full
@@ -271,6 +320,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+argv:
+  description:
+    - With O(argv) and a complete release, what C(sglang_argv) returns for it (C(argv), C(managed), C(env),
+      C(config_keys), C(flag_dests), C(version), ...); else null.
+  returned: with O(argv)
+  type: dict
 lock:
   description: With O(lock) - what taking the deploy lock returned (as C(sglang_lock) C(state=acquired)).
   returned: with O(lock)
@@ -386,6 +441,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
 from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, take
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
@@ -789,6 +845,7 @@ def main():
             dropin_lines=dict(type="int", default=6),
             pending=dict(type="path"),
             lock=dict(type="dict", options=TAKE_OPTIONS),
+            argv=dict(type="dict", options=BUILD_OPTIONS),
         ),
         supports_check_mode=True,
     )
@@ -812,6 +869,8 @@ def main():
         if refused:
             module.fail_json(msg=refused, holder=taken.get("holder"), lock=taken)
         taken = {"lock": taken}
+        fail_json = module.fail_json
+        module.fail_json = lambda msg, **result: fail_json(msg=msg, **dict(result, **taken))
     dirs += [
         {"path": path, "owner": user["name"], "group": user["group"], "mode": user_dir_mode}
         for path in p["user_dirs"]
@@ -822,10 +881,10 @@ def main():
         try:
             release = release_state(p["release"])
         except ReleaseError as exc:
-            module.fail_json(msg=str(exc), **taken)
+            module.fail_json(msg=str(exc))
         p["venv"], p["marker"] = release["path"], os.path.join(release["path"], p["release"]["marker_name"])
     elif not p["venv"] or not p["marker"]:
-        module.fail_json(msg="venv and marker are required without release", **taken)
+        module.fail_json(msg="venv and marker are required without release")
 
     group_ok, user_ok = account(user)
     try:
@@ -835,6 +894,13 @@ def main():
         systemd = {}
     if release is not None:
         release["running"] = runs_from(systemd.get("MainPID"), release["path"])
+    built = {}
+    if p["argv"] is not None:
+        complete = release is not None and release["complete"]
+        python = os.path.join(p["venv"], "bin", "python")
+        built["argv"] = (
+            command_line(module, p["argv"], python) if complete and os.access(python, os.X_OK) else None
+        )
     module.exit_json(
         changed=False,
         venv=os.access(os.path.join(p["venv"], "bin", "python"), os.X_OK),
@@ -855,6 +921,7 @@ def main():
         systemd=systemd,
         dropins=dropins(p["unit"], p["dropin_dirs"], systemd.get("DropInPaths"), p["dropin_lines"]),
         pending=read_pending(p["pending"]) if p["pending"] else None,
+        **built,
         **taken,
     )
 

@@ -641,3 +641,67 @@ def test_check_mode_takes_no_lock_and_warns_of_a_deploy_in_progress(run_module, 
     assert any("sglang is being deployed now by" in text for text in host["warned"])
     assert (tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_bytes() == before
     assert checked["versions"] == ["0.5.23"]  # and it probed
+
+
+CAPS_0523 = json.loads((FIXTURES / "capabilities" / "sglang-0.5.23.json").read_text())
+DFLASH = {
+    "model_path": "/srv/models/target",
+    "speculative_algorithm": "DFLASH",
+    "speculative_draft_model_path": "/srv/models/draft",
+    "speculative_draft_window_size": 2048,
+}
+
+
+def test_the_command_line_is_built_in_the_probes_call_only_for_a_complete_release(
+    run_module, host, tmp_path, monkeypatch
+):
+    """With argv, a complete release gets sglang_argv's very result (flags asked of the release's own Python,
+    the recorded 0.5.23 parser dump standing for the cache); an incomplete one gets null (built after the
+    install); a bad setting fails the probe naming it, and returns the lock it took, to be released."""
+    from ansible.module_utils import sglang_argv_run
+
+    asked = []
+
+    def discover(module, python, cache_dir, timeout, cache_files=None):
+        asked.append(python)
+        return CAPS_0523, True, os.path.join(cache_dir, "x.json"), {}
+
+    monkeypatch.setattr(sglang_argv_run, "discover", discover)
+    build_good_host(tmp_path)
+    wanted = recorded("marker-lab.json")
+    version = "{}.{}".format(*sys.version_info[:2])
+    key = release_key(wanted, version)
+    release = tmp_path / "releases" / key
+    shutil.copytree(tmp_path / "venv", release)
+    spec = {
+        "dir": str(tmp_path / "releases"),
+        "wanted": wanted,
+        "python": os.path.realpath(sys.executable),
+        "marker_name": "sglang-deploy-install.json",
+    }
+    argv = {"settings": DFLASH, "cache_dir": str(tmp_path / "caps"), "config_path": "/etc/sglang/sglang.yaml"}
+    args = {k: v for k, v in want(tmp_path).items() if k not in ("venv", "marker")}
+    args.update(release=spec, argv=argv)
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed, result
+    assert result["release"]["complete"] is False and result["argv"] is None and asked == []
+
+    (release / "sglang-deploy-install.json").write_text(json.dumps(dict(wanted, release=key, python=version)))
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed, result
+    assert asked == [str(release / "bin" / "python")]
+    alone, failed = run_module("sglang_argv", dict(argv, python=str(release / "bin" / "python")))
+    assert not failed, alone
+    assert result["argv"] == {k: v for k, v in alone.items() if k not in ("changed", "invocation")}
+    flag = result["argv"]["argv"].index("--speculative-draft-window-size")
+    assert result["argv"]["argv"][flag + 1] == "2048"
+
+    (tmp_path / "run").mkdir()
+    lock = {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"), "anchor_pid": os.getpid()}
+    bad = dict(argv, settings=dict(DFLASH, speculative_ddtree_budget=32))
+    result, failed = run_module("sglang_host_probe", dict(args, argv=bad, lock=lock))
+    assert failed and result["msg"].startswith(
+        "speculative_ddtree_budget: SGLang 0.5.23 has no tree-budget flag"
+    )
+    on_disk = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
+    assert result["lock"]["token"] == on_disk["token"]
