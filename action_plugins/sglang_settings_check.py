@@ -4,7 +4,9 @@
 
 Every rule is evaluated (not only up to the first failure) and each failure is one sentence that
 names the variable; the task fails with all of them. Nothing reaches the host. One task instead
-of one assert per rule: a no-change deploy pays ~40 ms of Ansible overhead per task.
+of one assert per rule: a no-change deploy pays ~40 ms of Ansible overhead per task. The same task
+finds the sglang_* variables that are no setting of the role (misspelt: the argument spec never
+sees them), from the task's own variables, as ``lookup('ansible.builtin.varnames')`` would.
 Over 500 lines on purpose: one short check_* function per group of rules (types, key, paths,
 speculative settings, profile, points, knobs, environment, NCCL, extra args, service, install); they are
 the one place these rules live, and this one task runs them all.
@@ -16,21 +18,23 @@ message that would show the item).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import json
 import os
 import re
 
+import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_options():
     """module_utils/sglang_options.py (standard library only), the ONE owner of SGLang option knowledge."""
-    path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils", "sglang_options.py"
-    )
+    path = os.path.join(REPO_DIR, "module_utils", "sglang_options.py")
     spec = importlib.util.spec_from_file_location("sglang_options", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -514,6 +518,50 @@ def check_settings(settings, int_settings, string_settings):
     )
 
 
+# The role's variables: the options of its argument spec, parsed once per process and version of the file
+# (C YAML parser: ~2 ms). Warmed when the plugin is imported, which ansible-playbook does in its own process
+# (the strategy looks the action up before it queues the task): the workers it forks for each host inherit
+# the parsed names and only stat the file.
+_SPEC_NAMES: dict = {}
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+ROLE_ARGUMENT_SPECS = os.path.join(REPO_DIR, "roles", "sglang", "meta", "argument_specs.yml")
+
+
+def spec_names(path):
+    """The option names of the ``main`` entry point of a role's meta/argument_specs.yml."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    key = (real, stat.st_mtime_ns, stat.st_size)
+    names = _SPEC_NAMES.get(key)
+    if names is None:
+        with open(real, encoding="utf-8") as handle:
+            spec = yaml.load(handle, Loader=SAFE_LOADER)
+        names = _SPEC_NAMES[key] = frozenset(spec["argument_specs"]["main"]["options"])
+    return names
+
+
+# A file that cannot be read here is reported by the task that names it (option argument_specs).
+with contextlib.suppress(OSError, yaml.YAMLError, KeyError, TypeError):
+    spec_names(ROLE_ARGUMENT_SPECS)
+
+
+def unknown_vars(variable_names, known, pattern):
+    """The variables matching ``pattern`` (re.search, as lookup('ansible.builtin.varnames') matches) that are
+    not in ``known``, sorted."""
+    match = re.compile(pattern).search
+    return sorted({name for name in variable_names if isinstance(name, str) and match(name)} - set(known))
+
+
+def check_unknown_vars(unknown):
+    """The assert the role had before this check moved here, and its message, word for word."""
+    if not unknown:
+        return []
+    return [
+        f"{', '.join(unknown)}: not a variable of the sglang role (misspelt?);"
+        " the settings are listed in roles/sglang/meta/argument_specs.yml"
+    ]
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
@@ -545,9 +593,25 @@ class ActionModule(ActionBase):
             )
             return result
         missing = [k for k in ("settings", "int_settings", "string_settings") if k not in args]
+        if "argument_specs" in args and "var_pattern" not in args:
+            missing.append("var_pattern (with argument_specs)")
         if missing:
             raise AnsibleActionFail(f"sglang_settings_check: missing option(s) {', '.join(missing)}")
-        errors = check_settings(args["settings"], args["int_settings"], args["string_settings"])
+        errors = []
+        if "argument_specs" in args:
+            # The variables the task sees are the ones lookup('ansible.builtin.varnames') searches: host and
+            # group vars, extra vars, play and role vars, role defaults, facts. First in the message: a
+            # misspelt name is the likelier cause of what follows (its setting kept the role default).
+            try:
+                known = spec_names(args["argument_specs"]) | set(args.get("accept_vars") or [])
+            except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+                raise AnsibleActionFail(
+                    "sglang_settings_check: cannot read the role's variables from"
+                    f" {args['argument_specs']}: {exc}"
+                ) from exc
+            result["unknown_vars"] = unknown_vars(task_vars or {}, known, args["var_pattern"])
+            errors += check_unknown_vars(result["unknown_vars"])
+        errors += check_settings(args["settings"], args["int_settings"], args["string_settings"])
         result["changed"] = False
         if errors:
             result["failed"] = True

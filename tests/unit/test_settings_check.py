@@ -7,6 +7,8 @@ The settings start from roles/sglang/defaults/main.yml and the rule data from ro
 from __future__ import annotations
 
 import importlib.util
+import os
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -22,6 +24,9 @@ spec.loader.exec_module(plugin)
 VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 INTS, STRINGS = VARS["__sglang_int_settings"], VARS["__sglang_string_settings"]
 SENTINEL = "sk-sentinel-settings-41"
+# The variables that must be settings of the role: sglang_pull_* and sglang_router_* are other roles'.
+PATTERN = "^sglang_(?!pull_|router_)"
+SPECS = ROLE / "meta" / "argument_specs.yml"
 
 
 @pytest.fixture
@@ -268,3 +273,116 @@ def test_long_values_are_cut_like_jinja_truncate(value):
 
     jinja = Environment().from_string("{{ v | truncate(40) }}")
     assert plugin.shown(value, 40) == jinja.render(v=json.dumps(value))
+
+
+# ------------------------------------------------------------------ sglang_* variables that are no setting
+
+
+def unknown_message(*names):
+    """The message of the assert the role had before this check moved into the plugin, word for word."""
+    return (
+        f"{', '.join(names)}: not a variable of the sglang role (misspelt?);"
+        " the settings are listed in roles/sglang/meta/argument_specs.yml"
+    )
+
+
+def run_task(settings, task_vars):
+    """The plugin as the role's preflight task runs it: the variables are the task's variables."""
+    args = {
+        "argument_specs": str(SPECS),
+        "accept_vars": VARS["__sglang_playbook_vars"],
+        "var_pattern": PATTERN,
+        "settings": settings,
+        "int_settings": INTS,
+        "string_settings": STRINGS,
+    }
+    task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="sglang_settings_check")
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
+    return plugin.ActionModule(task, connection, None, None, None, None).run(task_vars=task_vars)
+
+
+@pytest.fixture
+def task_vars(settings):
+    """Every role default, and variables of the other roles and of the playbooks that share the prefix."""
+    role_vars = {name: value for name, value in settings.items() if name.startswith("sglang_")}
+    return dict(
+        role_vars,
+        inventory_hostname="lab1",
+        sglang_pull_interval=300,
+        sglang_router_port=30100,
+        sglang_rollout_batch=2,
+        my_sglang_note="x",
+        SGLANG_X=1,
+    )
+
+
+def test_a_misspelt_variable_is_named_and_the_others_of_the_prefix_are_not(settings, task_vars):
+    task_vars.update(sglang_speculative_draft_windw_size=4096, sglang_tp=8)
+    result = run_task(settings, task_vars)
+    assert result["failed"] is True
+    assert result["msg"] == unknown_message("sglang_speculative_draft_windw_size", "sglang_tp")
+    assert result["unknown_vars"] == ["sglang_speculative_draft_windw_size", "sglang_tp"]
+
+
+def test_the_role_settings_and_the_other_roles_variables_pass(settings, task_vars):
+    result = run_task(settings, task_vars)
+    assert (result.get("failed"), result["msg"], result["unknown_vars"]) == (
+        None,
+        "all settings are valid",
+        [],
+    )
+
+
+def test_unknown_variables_and_broken_rules_are_reported_together_unknown_first(settings, task_vars):
+    task_vars["sglang_prot"] = 30001
+    settings.update(sglang_port=0, sglang_host="")
+    result = run_task(settings, task_vars)
+    assert [e.split(":")[0].split("=")[0] for e in result["errors"]] == [
+        "sglang_prot",
+        "sglang_port",
+        "sglang_host",
+    ]
+    assert result["errors"][0] == unknown_message("sglang_prot")
+    assert result["msg"] == " | ".join(result["errors"])
+
+
+def test_an_unreadable_argument_spec_fails_the_task_naming_the_file(settings, task_vars, tmp_path):
+    from ansible.errors import AnsibleActionFail
+
+    task = SimpleNamespace(
+        args={
+            "argument_specs": str(tmp_path / "missing.yml"),
+            "var_pattern": PATTERN,
+            "settings": settings,
+            "int_settings": INTS,
+            "string_settings": STRINGS,
+        },
+        async_val=0,
+        check_mode=False,
+        action="sglang_settings_check",
+    )
+    act = plugin.ActionModule(
+        task, SimpleNamespace(_shell=SimpleNamespace(tmpdir=None)), None, None, None, None
+    )
+    with pytest.raises(AnsibleActionFail, match="cannot read the role's variables from .*missing.yml"):
+        act.run(task_vars=task_vars)
+
+
+def test_the_argument_spec_is_parsed_once_per_process_and_version(tmp_path, monkeypatch):
+    """The role's spec is parsed when the plugin is imported (in ansible-playbook's process: the workers
+    it forks inherit it); a file is parsed again only when it changed."""
+    assert plugin.spec_names(SPECS) == set(
+        yaml.safe_load(SPECS.read_text())["argument_specs"]["main"]["options"]
+    )
+    assert any(key[0] == os.path.realpath(SPECS) for key in plugin._SPEC_NAMES)
+    parses = []
+    load = plugin.yaml.load
+    monkeypatch.setattr(plugin.yaml, "load", lambda *a, **k: parses.append(1) or load(*a, **k))
+    plugin.spec_names(SPECS)
+    assert parses == []
+    spec = tmp_path / "argument_specs.yml"
+    spec.write_text("argument_specs: {main: {options: {sglang_a: {type: int}}}}\n")
+    assert plugin.spec_names(spec) == {"sglang_a"} and plugin.spec_names(spec) == {"sglang_a"}
+    assert parses == [1]
+    spec.write_text("argument_specs: {main: {options: {sglang_a: {type: int}, sglang_bc: {}}}}\n")
+    assert plugin.spec_names(spec) == {"sglang_a", "sglang_bc"} and parses == [1, 1]
