@@ -1,13 +1,17 @@
 """action_plugins/sglang_settings_check.py: the controller-side rules of the sglang role.
 
 The settings start from roles/sglang/defaults/main.yml and the rule data from roles/sglang/vars/main.yml
-(the files the role uses), with the two templated defaults resolved as Ansible resolves them.
+(the files the role uses), with the two templated defaults resolved as Ansible resolves them. The
+unknown-variable check gets the options roles/sglang/tasks/preflight.yml gives it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -24,9 +28,11 @@ spec.loader.exec_module(plugin)
 VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 INTS, STRINGS = VARS["__sglang_int_settings"], VARS["__sglang_string_settings"]
 SENTINEL = "sk-sentinel-settings-41"
-# The variables that must be settings of the role: sglang_pull_* and sglang_router_* are other roles'.
-PATTERN = "^sglang_(?!pull_|router_)"
+# The role's one preflight task, as the role runs it.
+(PREFLIGHT,) = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+PATTERN = PREFLIGHT["sglang_settings_check"]["var_pattern"]
 SPECS = ROLE / "meta" / "argument_specs.yml"
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 
 
 @pytest.fixture
@@ -386,3 +392,78 @@ def test_the_argument_spec_is_parsed_once_per_process_and_version(tmp_path, monk
     assert parses == [1]
     spec.write_text("argument_specs: {main: {options: {sglang_a: {type: int}, sglang_bc: {}}}}\n")
     assert plugin.spec_names(spec) == {"sglang_a", "sglang_bc"} and parses == [1, 1]
+
+
+def test_misspelt_variables_from_every_source_are_caught_as_varnames_finds_them(tmp_path):
+    """One controller-only run of the role's preflight (nothing is contacted): a misspelt variable in
+    group vars, host vars, -e, play vars, the include's vars and a fact is named; the variables
+    ``lookup('ansible.builtin.varnames')`` finds with the same pattern are the ones the plugin saw."""
+    if not PLAYBOOK.exists():
+        pytest.skip("the controller toolchain (make venv)")
+    inventory = tmp_path / "inventory.yml"
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "sglang_host_varz": 1,
+        "sglang_port": 30000,
+    }
+    group = {"sglang_group_varz": 1, "sglang_pull_interval": 300}
+    inventory.write_text(
+        yaml.safe_dump({"all": {"children": {"gpu_nodes": {"hosts": {"h1": host}, "vars": group}}}})
+    )
+    play = [
+        {
+            "hosts": "gpu_nodes",
+            "gather_facts": False,
+            "vars": {"sglang_play_varz": 1, "sglang_rollout_batch": 1},
+            "tasks": [
+                {"ansible.builtin.set_fact": {"sglang_fact_varz": 1}},
+                {
+                    "block": [
+                        {
+                            "ansible.builtin.include_role": {"name": "sglang", "tasks_from": "preflight.yml"},
+                            "vars": {"sglang_include_varz": 1},
+                        }
+                    ],
+                    "rescue": [
+                        {
+                            "name": "Found",
+                            "ansible.builtin.debug": {
+                                "msg": {
+                                    "failed": "{{ ansible_failed_result }}",
+                                    "varnames": f"{{{{ query('ansible.builtin.varnames', '{PATTERN}') }}}}",
+                                }
+                            },
+                        }
+                    ],
+                },
+            ],
+        }
+    ]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+    )
+    extra = ["-e", "sglang_extra_varz=1", "-e", '{"sglang_router_port": 30100}']
+    done = subprocess.run(
+        [str(PLAYBOOK), "-i", str(inventory), str(playbook), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
+    (found,) = [t["hosts"]["h1"]["msg"] for t in tasks if t["task"]["name"] == "Found"]
+    planted = ["sglang_extra_varz", "sglang_fact_varz", "sglang_group_varz", "sglang_host_varz"]
+    planted += ["sglang_include_varz", "sglang_play_varz"]
+    assert found["failed"]["msg"] == unknown_message(*sorted(planted))
+    assert found["failed"]["unknown_vars"] == sorted(planted)
+    # What varnames finds after the include (its vars, and the role's defaults, are the include's own).
+    known = plugin.spec_names(SPECS) | set(VARS["__sglang_playbook_vars"])
+    assert sorted(set(found["varnames"]) - known | {"sglang_include_varz"}) == sorted(planted)
