@@ -135,6 +135,23 @@ def build_good_host(root):
     shutil.copy(root / "etc" / "sglang.service", root / "state" / "known-good" / "sglang.service")
 
 
+def release_beside_venv(root):
+    """build_good_host's venv copied as the release the recorded marker wants, keyed by this interpreter's
+    major.minor: (its path, its key, major.minor, the wanted marker, the probe's release option)."""
+    wanted = recorded("marker-lab.json")
+    version = "{}.{}".format(*sys.version_info[:2])
+    key = release_key(wanted, version)
+    release = root / "releases" / key
+    shutil.copytree(root / "venv", release)
+    spec = {
+        "dir": str(root / "releases"),
+        "wanted": wanted,
+        "python": os.path.realpath(sys.executable),
+        "marker_name": "sglang-deploy-install.json",
+    }
+    return release, key, version, wanted, spec
+
+
 def sha256(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -203,18 +220,7 @@ def test_release_the_settings_want_is_found_by_its_key_and_complete_only_with_it
     release by it and the wanted install, and probes that directory; a directory whose marker does not name
     the key (an interrupted build) is not complete."""
     build_good_host(tmp_path)
-    wanted = recorded("marker-lab.json")
-    python = os.path.realpath(sys.executable)
-    version = "{}.{}".format(*sys.version_info[:2])
-    key = release_key(wanted, version)
-    release = tmp_path / "releases" / key
-    shutil.copytree(tmp_path / "venv", release)
-    spec = {
-        "dir": str(tmp_path / "releases"),
-        "wanted": wanted,
-        "python": python,
-        "marker_name": "sglang-deploy-install.json",
-    }
+    release, key, version, wanted, spec = release_beside_venv(tmp_path)
     args = {**want(tmp_path), "release": spec}
     del args["venv"], args["marker"]
     result, failed = run_module("sglang_host_probe", args)
@@ -668,17 +674,7 @@ def test_the_command_line_is_built_in_the_probes_call_only_for_a_complete_releas
 
     monkeypatch.setattr(sglang_argv_run, "discover", discover)
     build_good_host(tmp_path)
-    wanted = recorded("marker-lab.json")
-    version = "{}.{}".format(*sys.version_info[:2])
-    key = release_key(wanted, version)
-    release = tmp_path / "releases" / key
-    shutil.copytree(tmp_path / "venv", release)
-    spec = {
-        "dir": str(tmp_path / "releases"),
-        "wanted": wanted,
-        "python": os.path.realpath(sys.executable),
-        "marker_name": "sglang-deploy-install.json",
-    }
+    release, key, version, wanted, spec = release_beside_venv(tmp_path)
     argv = {"settings": DFLASH, "cache_dir": str(tmp_path / "caps"), "config_path": "/etc/sglang/sglang.yaml"}
     args = {k: v for k, v in want(tmp_path).items() if k not in ("venv", "marker")}
     args.update(release=spec, argv=argv)
