@@ -442,7 +442,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
-from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, take
+from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, on_every_end, take
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
@@ -859,7 +859,6 @@ def main():
     except BadMode as exc:
         module.fail_json(msg=str(exc))
     # The lock first: everything below is read holding it. Any later failure returns it (to be released).
-    taken = {}
     if p["lock"]:
         lock = p["lock"]
         try:
@@ -868,9 +867,7 @@ def main():
             module.fail_json(msg=failure(lock, exc))
         if refused:
             module.fail_json(msg=refused, holder=taken.get("holder"), lock=taken)
-        taken = {"lock": taken}
-        fail_json = module.fail_json
-        module.fail_json = lambda msg, **result: fail_json(msg=msg, **dict(result, **taken))
+        on_every_end(module, lambda result, lock=taken: dict(result, lock=lock))
     dirs += [
         {"path": path, "owner": user["name"], "group": user["group"], "mode": user_dir_mode}
         for path in p["user_dirs"]
@@ -922,7 +919,6 @@ def main():
         dropins=dropins(p["unit"], p["dropin_dirs"], systemd.get("DropInPaths"), p["dropin_lines"]),
         pending=read_pending(p["pending"]) if p["pending"] else None,
         **built,
-        **taken,
     )
 
 

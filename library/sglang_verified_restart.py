@@ -296,7 +296,7 @@ from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
-from ansible.module_utils.sglang_lock import LockError, failure
+from ansible.module_utils.sglang_lock import LockError, failure, on_every_end
 from ansible.module_utils.sglang_lock import release as release_lock
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_running_args import check as check_running_args
@@ -364,7 +364,6 @@ def checked_params(module):
 def release_at_the_end(module, lock):
     """Release ``lock`` in whatever ends this call - exit_json or fail_json, from here or from the Verifier -
     unless it is pending (the action plugin calls again)."""
-    exit_json, fail_json = module.exit_json, module.fail_json
 
     def released(result):
         if result.get("pending"):
@@ -380,8 +379,7 @@ def release_at_the_end(module, lock):
                 module.warn(message)
         return dict(result, released_lock=token)
 
-    module.exit_json = lambda **result: exit_json(**released(result))
-    module.fail_json = lambda msg, **result: fail_json(**released(dict(result, msg=msg)))
+    on_every_end(module, released)
 
 
 def record_verified(module, spec, result):

@@ -337,6 +337,15 @@ def take(params, check_mode, warn):
     return result, None
 
 
+def on_every_end(module, amend):
+    """Pass the result of whatever ends this module's call - exit_json or fail_json, from the module or from a
+    helper it calls - through ``amend(result) -> result``: the lock a probe took goes back with any failure
+    (to be released), and a proof releases the lock however it ends."""
+    exit_json, fail_json = module.exit_json, module.fail_json
+    module.exit_json = lambda **result: exit_json(**amend(result))
+    module.fail_json = lambda msg, **result: fail_json(**amend(dict(result, msg=msg)))
+
+
 def release(directory, name, token):
     """Remove the lock file when it is this run's (``token``). Returns (released, the other holder's record
     or None, a message when it is not this run's any more: left as it is)."""
