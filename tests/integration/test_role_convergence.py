@@ -48,6 +48,9 @@ WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
 # Task names of roles/sglang.
 RENDER_UNIT = "Install the systemd unit, the environment file and the --config file"
 PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
+# roles/sglang/tasks/configure.yml includes parse.yml (the preflight and its record) only when it has a
+# parse to do.
+PREFLIGHT_INCLUDE = "Parse and resolve the command line with the host's SGLang (parse.yml)"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
 # roles/sglang/tasks/main.yml includes service.yml (the restart and everything around it) only when a restart
 # was decided or a file written: a run with nothing to restart shows this include skipped.
@@ -158,7 +161,8 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         # Current and verified: neither the unit module nor the preflight has anything to do.
         assert task_status(r, WRITE_INCLUDE) == "skipping", r.stdout[-6000:]
         assert task_status(r, RENDER_UNIT) is None, r.stdout[-6000:]
-        assert task_status(r, PREFLIGHT) == "skipping", r.stdout[-6000:]
+        assert task_status(r, PREFLIGHT_INCLUDE) == "skipping", r.stdout[-6000:]
+        assert task_status(r, PREFLIGHT) is None, r.stdout[-6000:]
         assert lab_host.state() == after
     finally:
         ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
