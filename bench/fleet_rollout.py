@@ -13,7 +13,9 @@ Two figures, printed (asserts nothing):
      hosts at once - cancels out; target <= 5 s per host). Both rollouts have at least 2 hosts, so both go
      through the rolling play (one host is deployed by the first play alone);
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts, interleaved --runs times, the fastest
-     of each (target: 4 hosts <= 1.5x 1 host).
+     of each (target: 4 hosts <= 1.5x 1 host);
+  3. the floor of that ratio on this machine: a play of as many tasks per host that do nothing (2 of them
+     module runs, as in the no-change run), on 1 and 4 of the same hosts.
 
 Brings up `--hosts 5 --routers 1` lab hosts from --first-index (its own inventory
 inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048, then 4096 to all of them (not
@@ -136,6 +138,30 @@ def rollout(bench: Bench, hosts: list[str], window: int) -> tuple[float, float]:
     return beyond, stable_sum
 
 
+def floor(bench: Bench, no_change_out: str, runs: int) -> None:
+    """The same ratio for an Ansible pass of the same shape that does nothing: as many task evaluations per
+    host as the no-change run (its output for the first host), 2 of them module runs (ping, as the host probe
+    and the proof), the rest set_fact. What this machine's cores allow Ansible itself, the controller and the
+    lab hosts sharing them."""
+    host = bench.gpu[0]
+    tasks = len(re.findall(r"^(?:ok|changed|skipping): \[" + re.escape(host) + r"\]", no_change_out, re.M))
+    body = ["    - ansible.builtin.ping:"] * 2
+    body += ["    - ansible.builtin.set_fact:\n        bench_floor: 1"] * (tasks - 2)
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", prefix="bench-floor-") as handle:
+        handle.write("- name: Floor\n  hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n")
+        handle.write("\n".join(body) + "\n")
+        handle.flush()
+        walls: dict[int, list[float]] = {1: [], 4: []}
+        for _ in range(runs):
+            for n in walls:
+                walls[n].append(bench.play(handle.name, "--limit", ",".join(bench.gpu[:n]))[0])
+    one, four = min(walls[1]), min(walls[4])
+    print(
+        f"floor: {tasks} tasks per host that do nothing (2 of them pings): 1 host {one:.1f} s, "
+        f"4 hosts {four:.1f} s ({four / one:.2f}x)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -182,6 +208,7 @@ def main() -> int:
                 f"runs {', '.join(f'{w:.1f}' for w in walls[n])})"
             )
         print("target: 4 hosts <= 1.5x one host")
+        floor(bench, out, args.runs)
     finally:
         subprocess.run([str(LABCTL), "down", "--inventory", str(bench.inventory)], check=False, cwd=ROOT)
     return 0
