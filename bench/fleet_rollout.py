@@ -68,9 +68,11 @@ class Bench:
                 "@" + handle.name,
             ]
             env = self.env()
-            if profile:  # ansible.posix's profile_tasks: each task's seconds, the slowest listed at the end
+            # ansible.posix's profile_tasks: each task's seconds, the slowest listed at the end; the variable
+            # replaces ansible.cfg's callbacks_enabled, so it names this repository's two as well.
+            if profile:
                 env.update(
-                    ANSIBLE_CALLBACKS_ENABLED="sglang_ansiballz_cache,ansible.posix.profile_tasks",
+                    ANSIBLE_CALLBACKS_ENABLED="sglang_ansiballz_cache,sglang_jinja_cache,ansible.posix.profile_tasks",
                     PROFILE_TASKS_TASK_OUTPUT_LIMIT="15",
                 )
             start = time.monotonic()
