@@ -386,19 +386,25 @@ def _merge_and_save(memo):
         for name in sorted(os.listdir(dir_fd)):
             if not name.endswith((".pending", ".tmp")):
                 continue
-            if name.startswith(mine) and name.endswith(".pending"):
-                data, why = _read_trusted(dir_fd, name, f"the file {name}")
-                if why:
-                    display.vvv(f"sglang_jinja_cache: not merging {name}: {why}")
-                elif data:
-                    workers += 1
-                    for key, entry in _records(data):
-                        memo.entries[key] = entry
-                        memo.new.add(key)
-                        merged += 1
-            elif now - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime < STALE_SECONDS:
-                continue  # another run's, still going
-            os.unlink(name, dir_fd=dir_fd)
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    continue  # not one this callback writes: left alone
+                if name.startswith(mine) and name.endswith(".pending"):
+                    data, why = _read_trusted(dir_fd, name, f"the file {name}")
+                    if why:
+                        display.vvv(f"sglang_jinja_cache: not merging {name}: {why}")
+                    elif data:
+                        workers += 1
+                        for key, entry in _records(data):
+                            memo.entries[key] = entry
+                            memo.new.add(key)
+                            merged += 1
+                elif now - st.st_mtime < STALE_SECONDS:
+                    continue  # another run's, still going
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError as exc:  # one file in the way does not stop the save
+                display.vvv(f"sglang_jinja_cache: {name}: {exc}")
     finally:
         os.close(dir_fd)
     entries = memo.entries

@@ -220,9 +220,12 @@ def test_a_workers_entries_reach_the_next_run(home, template_file):
     assert render(TEMPLATES[0]) == "A,B,C"
     stale = directory / f"{plugin._tag()}.1.2.pending"  # a run that ended without its stats, 2 days ago
     other = directory / f"{plugin._tag()}.3.4.pending"  # another run, still going
+    foreign = directory / "old.pending"  # not a file this callback writes: left alone
+    foreign.mkdir()
     for path in (stale, other):
         path.write_bytes(b"")
-    os.utime(stale, (time.time() - 2 * 86400,) * 2)
+    for path in (stale, foreign):
+        os.utime(path, (time.time() - 2 * 86400,) * 2)
     pid = os.fork()
     if pid == 0:  # the worker of a task: compiles what the parent never saw
         code = 1
@@ -235,7 +238,7 @@ def test_a_workers_entries_reach_the_next_run(home, template_file):
     assert len(pending) == 1 and stat.S_IMODE(pending[0].stat().st_mode) == 0o600
     assert len(memo.new) == 1  # the parent's own: the worker's are in its pending file
     stats()
-    assert not pending[0].exists() and not stale.exists() and other.exists()
+    assert not pending[0].exists() and not stale.exists() and other.exists() and foreign.is_dir()
 
     memo = start()
     assert len(memo.entries) == COMPILED
