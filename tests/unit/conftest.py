@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -106,6 +107,20 @@ def fixture_path():
         return path
 
     return _path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ansible_home(tmp_path_factory):
+    """The ansible-playbook runs of these tests keep what they write under ANSIBLE_HOME (ansible.cfg enables
+    callback_plugins/sglang_jinja_cache.py: the compiled templates) in a directory of their own, not in the
+    real home."""
+    before = os.environ.get("ANSIBLE_HOME")
+    os.environ["ANSIBLE_HOME"] = str(tmp_path_factory.mktemp("ansible-home"))
+    yield
+    if before is None:
+        os.environ.pop("ANSIBLE_HOME", None)
+    else:
+        os.environ["ANSIBLE_HOME"] = before
 
 
 @pytest.fixture(scope="session")
