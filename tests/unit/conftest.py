@@ -17,6 +17,7 @@ import importlib.util
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "library"
 MODULE_UTILS = REPO / "module_utils"
 FIXTURES = REPO / "tests" / "fixtures"
+PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 
 # ansible.cfg sets module_utils = module_utils: make ``ansible.module_utils.sglang_*`` importable
 # here the same way Ansible does when it ships the module.
@@ -132,3 +134,20 @@ def ansible_plugins():
 
     if AnsibleCollectionConfig.collection_finder is None:
         init_plugin_loader([])
+
+
+def run_playbook(*args, json_output=False, timeout=300, env=None) -> subprocess.CompletedProcess:
+    """ansible-playbook of this repository's toolchain with its ansible.cfg, run from the repository root; the
+    finished process (text). ``json_output``: ansible.posix.json prints the results as one JSON document.
+    ``env``: more environment variables."""
+    environ = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", **(env or {}))
+    if json_output:
+        environ["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
+    return subprocess.run(
+        [str(PLAYBOOK), *map(str, args)],
+        cwd=REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_playbook
 
 spec = importlib.util.spec_from_file_location(
     "settings_check", REPO / "action_plugins" / "sglang_settings_check.py"
 )
 plugin = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plugin)
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 KNOBS = "window, budget, topk, steps, draft_tokens, algorithm"
 
 
@@ -115,8 +112,6 @@ def test_values_are_still_checked_and_every_problem_is_reported():
 
 
 def preflight(tmp_path, *extra):
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(
         yaml.safe_dump(
@@ -127,22 +122,15 @@ def preflight(tmp_path, *extra):
             }
         )
     )
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-    )
-    args = [
-        str(PLAYBOOK),
+    done = run_playbook(
         "-i",
-        str(inventory),
+        inventory,
         "playbooks/preflight.yml",
         "-e",
         f"ansible_python_interpreter={sys.executable}",
         *extra,
-    ]
-    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        json_output=True,
+    )
     plays = json.loads(done.stdout)["plays"]
     results = [r for t in plays[0]["tasks"] for r in t["hosts"].values()]
     return done.returncode, [r["msg"] for r in results if r.get("failed")]

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import run_playbook
 
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 SENTINEL = "hf_SENTINEL_token_18"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="writes root-owned files (owner: root)")
@@ -30,8 +28,6 @@ def mode(path):
 
 
 def run(tmp_path, token_files):
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     play = [
         {
             "name": "Write the Hugging Face token as the model_weights role does",
@@ -48,29 +44,16 @@ def run(tmp_path, token_files):
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_PIPELINING="1",
-    )
-    done = subprocess.run(
-        [
-            str(PLAYBOOK),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(tmp_path / "play.yml"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_playbook(
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        tmp_path / "play.yml",
+        json_output=True,
+        env={"ANSIBLE_PIPELINING": "1"},
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert SENTINEL not in done.stdout

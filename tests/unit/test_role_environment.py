@@ -12,15 +12,12 @@ result is stood in for.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_playbook
 
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 SENTINEL = "sk-sentinel-env-18"
 # What the running-arguments assertion gets as expected_env (vars/main.yml: __sglang_running_args, passed by
 # tasks/verify.yml and tasks/service.yml).
@@ -94,8 +91,6 @@ HOSTS = {
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     tmp = tmp_path_factory.mktemp("role-env")
     hosts = {
         name: dict(v, ansible_connection="local", ansible_python_interpreter=sys.executable)
@@ -114,20 +109,7 @@ def rendered(tmp_path_factory):
     )
     play = tmp / "play.yml"
     play.write_text(yaml.safe_dump(PLAY, sort_keys=False))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-    )
-    done = subprocess.run(
-        [str(PLAYBOOK), "-i", str(inventory), str(play)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_playbook("-i", inventory, play, json_output=True)
     # rc 2: the contradicting host fails (on purpose); the output is one JSON document either way.
     assert done.returncode in (0, 2), done.stdout[-4000:] + done.stderr[-2000:]
     tasks = json.loads(done.stdout)["plays"][0]["tasks"]

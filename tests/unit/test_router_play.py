@@ -4,33 +4,18 @@ warning, when the inventory has no such group (a deploy without a router is as b
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
-import pytest
 import yaml
+from conftest import run_playbook
 
-REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 ROUTER_PLAY = "Deploy the SGLang router and verify it"
 
 
 def list_hosts(tmp_path, groups: dict) -> tuple[str, list[str]]:
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": groups}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run(
-        [str(PLAYBOOK), "-i", str(inventory), "--list-hosts", "deploy.yml"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_playbook("-i", inventory, "--list-hosts", "deploy.yml", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     plays = re.split(r"\n\s*play #\d+ ", done.stdout)
     # One router play, the last: the router starts after the SGLang play deployed the workers.

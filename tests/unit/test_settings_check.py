@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_playbook
 
 ROLE = REPO / "roles" / "sglang"
 spec = importlib.util.spec_from_file_location(
@@ -32,7 +31,6 @@ SENTINEL = "sk-sentinel-settings-41"
 (PREFLIGHT,) = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
 PATTERN = PREFLIGHT["sglang_settings_check"]["var_pattern"]
 SPECS = ROLE / "meta" / "argument_specs.yml"
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 
 
 @pytest.fixture
@@ -398,8 +396,6 @@ def test_misspelt_variables_from_every_source_are_caught_as_varnames_finds_them(
     """One controller-only run of the role's preflight (nothing is contacted): a misspelt variable in
     group vars, host vars, -e, play vars, the include's vars and a fact is named; the variables
     ``lookup('ansible.builtin.varnames')`` finds with the same pattern are the ones the plugin saw."""
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     inventory = tmp_path / "inventory.yml"
     host = {
         "ansible_connection": "local",
@@ -442,21 +438,8 @@ def test_misspelt_variables_from_every_source_are_caught_as_varnames_finds_them(
     ]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-    )
     extra = ["-e", "sglang_extra_varz=1", "-e", '{"sglang_router_port": 30100}']
-    done = subprocess.run(
-        [str(PLAYBOOK), "-i", str(inventory), str(playbook), *extra],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_playbook("-i", inventory, playbook, *extra, json_output=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     tasks = json.loads(done.stdout)["plays"][0]["tasks"]
     (found,) = [t["hosts"]["h1"]["msg"] for t in tasks if t["task"]["name"] == "Found"]

@@ -13,12 +13,11 @@ import importlib.util
 import itertools
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_playbook
 
 spec = importlib.util.spec_from_file_location(
     "settings_check", REPO / "action_plugins" / "sglang_settings_check.py"
@@ -43,7 +42,6 @@ JUDGED = (
     "sglang_environment",
     "sglang_extra_args",
 )
-PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 
 
 def example_points():
@@ -130,8 +128,6 @@ HOSTS = {"ctl-rancy": "ddtree-rancy-wang", "ctl-pr29907": "ddtree-pr29907"}
 def run(tmp_path_factory):
     """ONE plan-only run of playbooks/sweep.yml (the example) on two controller-only hosts with the
     DDTree lab variables, one per build profile. Nothing is deployed: the hosts are this machine."""
-    if not PLAYBOOK.exists():
-        pytest.skip("the controller toolchain (make venv)")
     tmp_path = tmp_path_factory.mktemp("sweep-plan")
     state = tmp_path / "state"
     hosts = {
@@ -151,19 +147,14 @@ def run(tmp_path_factory):
         "sweep_state_dir": str(state),
         "sweep_bench_python": "/opt/sglang/venv/bin/python",
     }
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_NOCOLOR="1",
-        PATH=f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-    )
-    done = subprocess.run(
-        [str(PLAYBOOK), "-i", str(inventory), "playbooks/sweep.yml", "-e", json.dumps(extra)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    done = run_playbook(
+        "-i",
+        inventory,
+        "playbooks/sweep.yml",
+        "-e",
+        json.dumps(extra),
         timeout=600,
+        env={"PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"},
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     out = {"log": " ".join(done.stdout.split()), "hosts": {}}
