@@ -26,6 +26,7 @@ measured), measures, and takes exactly those hosts down. Needs root, the SGLang 
 from __future__ import annotations
 
 import argparse
+import configparser
 import json
 import os
 import re
@@ -69,10 +70,13 @@ class Bench:
             ]
             env = self.env()
             # ansible.posix's profile_tasks: each task's seconds, the slowest listed at the end; the variable
-            # replaces ansible.cfg's callbacks_enabled, so it names this repository's two as well.
+            # replaces ansible.cfg's callbacks_enabled, so it adds to the repository's list.
             if profile:
+                cfg = configparser.ConfigParser()
+                cfg.read(ROOT / "ansible.cfg")
+                enabled = cfg.get("defaults", "callbacks_enabled", fallback="")
                 env.update(
-                    ANSIBLE_CALLBACKS_ENABLED="sglang_ansiballz_cache,sglang_jinja_cache,ansible.posix.profile_tasks",
+                    ANSIBLE_CALLBACKS_ENABLED=f"{enabled},ansible.posix.profile_tasks".lstrip(","),
                     PROFILE_TASKS_TASK_OUTPUT_LIMIT="15",
                 )
             start = time.monotonic()

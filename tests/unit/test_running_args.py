@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import builtins
-import io
 import json
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from ansible.module_utils import sglang_http
 from ansible.module_utils import sglang_running_args as running_args
 from ansible.module_utils.basic import AnsibleModule
-from conftest import FIXTURES, FakeResponse
+from conftest import FIXTURES
 
 SENTINEL = "SENTINEL-SECRET-9f3c"
 J = FIXTURES / "journal"
@@ -64,8 +63,8 @@ class FakeHost:
         self.auth_seen = []
         monkeypatch.setattr(AnsibleModule, "run_command", self.run_command)
         monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda _m, name, *a, **k: f"/usr/bin/{name}")
-        # open_url builds the real request (headers, no proxy) and hands it to urllib's urlopen
-        monkeypatch.setattr(urllib.request, "urlopen", self.open)
+        # sglang_http.get builds the real headers and hands them to its one exchange with the server
+        monkeypatch.setattr(sglang_http, "_exchange", self.exchange)
         real_open = builtins.open
 
         def fake_open(path, *args, **kwargs):
@@ -98,16 +97,13 @@ class FakeHost:
             return 0, self.journal, ""
         raise AssertionError(f"unexpected command {cmd}")
 
-    def open(self, req, data=None, timeout=None):
-        path = req.full_url.split(":", 2)[2].split("/", 1)[1]
-        path = "/" + path
-        self.auth_seen.append(req.get_header("Authorization"))
+    def exchange(self, url, headers, timeout):
+        path = urlsplit(url).path
+        self.auth_seen.append(headers.get("Authorization"))
         status, body = self.http.get(path, (404, b'{"detail":"Not Found"}'))
-        if self.key and req.get_header("Authorization") != f"Bearer {self.key}":
+        if self.key and headers.get("Authorization") != f"Bearer {self.key}":
             status, body = 401, b'{"error": "Unauthorized"}'
-        if status != 200:
-            raise urllib.error.HTTPError(req.full_url, status, "x", {}, io.BytesIO(body))
-        return FakeResponse(status, body)
+        return status, body
 
 
 def args(**kw):
