@@ -13,8 +13,15 @@ DIFFERENT invocation and, given ``since_monotonic_us``, is not older than the in
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 INVOCATION_FIELDS = ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID")
+# What SGLang logs once it answers (its HTTP server's warmup; the lab server logs the same line). Every line
+# the running-arguments check reads - server_args=, the draft runner's, SGLang's warnings about the window -
+# comes before it; after it come access and batch-statistics lines, as many as the server has been up and
+# busy.
+READY_MESSAGE = "The server is fired up and ready to roll!"
 
 
 class JournalError(Exception):
@@ -128,7 +135,7 @@ JOURNAL_ENV = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS"
 
 
 def read_invocation(
-    module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True, last=None
+    module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True, last=None, until=None
 ):
     """Run journalctl on the target for one invocation (+ its PIDs); return selected entries.
 
@@ -138,9 +145,10 @@ def read_invocation(
     journalctl's OR): the invocation's own output, systemd's messages about it ("Main process
     exited, code=...") and lines of its PIDs that lost their unit tags, this boot only (a PID of an
     earlier boot is not this process; monotonic stamps of another boot do not compare). ``last``
-    bounds the read to the newest ``last`` matching lines (``-n``). ``-u UNIT`` is never used: it
-    returns lines of old invocations. Returns ``(entries, notes)``; raises JournalError when
-    journalctl is missing or fails.
+    bounds the read to the newest ``last`` matching lines (``-n``); ``until`` (a message, e.g.
+    READY_MESSAGE) to the oldest lines up to the invocation's first line containing it (stream_entries).
+    ``-u UNIT`` is never used: it returns lines of old invocations. Returns ``(entries, notes)``; raises
+    JournalError when journalctl is missing or fails.
     """
     if not invocation_id:
         raise JournalError("no InvocationID given: cannot select the current invocation's journal lines")
@@ -162,13 +170,73 @@ def read_invocation(
     for pid in pids:
         if pid not in (None, "", 0, "0"):
             cmd += ["+", f"_PID={int(pid)}"]
-    rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
-    if rc != 0:
-        raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
-    entries, bad = parse_json_lines(out)
+    if until is None:
+        rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
+        if rc != 0:
+            raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
+        entries, bad = parse_json_lines(out)
+    else:
+        # The line must be the main process's own: a left-over process of an older run (KillMode=process) can
+        # log its own, tagged with this invocation (recorded in tests/fixtures/journal/stale-inv-2.json).
+        mains = {str(p) for p in pids if p not in (None, "", 0, "0")}
+        entries, bad, stopped = stream_entries(
+            cmd,
+            until,
+            lambda entry: (
+                (not mains or str(entry.get("_PID")) in mains)
+                and bool(select_invocation([entry], inv, pids, since_monotonic_us))
+            ),
+        )
+        if not stopped:
+            notes.append(f"no {until!r} line in the invocation's journal: read to its end")
     if bad:
         notes.append(f"{bad} line(s) of journalctl -o json output were not JSON and were skipped")
     return select_invocation(entries, inv, pids, since_monotonic_us), notes
+
+
+def journal_lines(cmd):
+    """journalctl's standard output line by line as it comes (bytes); closing the generator stops journalctl.
+    Raises JournalError when it cannot be started, or when it ran to its end and failed."""
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **JOURNAL_ENV)
+        )
+    except OSError as exc:
+        raise JournalError(f"{' '.join(cmd)} could not be run: {exc}") from None
+    finished = False
+    try:
+        yield from proc.stdout
+        finished = True
+    finally:
+        if not finished:
+            proc.kill()
+        proc.stdout.close()
+        err = proc.stderr.read().decode("utf-8", errors="replace")
+        proc.stderr.close()
+        rc = proc.wait()
+    if rc != 0:
+        raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {err.strip()}")
+
+
+def stream_entries(cmd, until, selected):
+    """The entries of ``journalctl -o json`` run as ``cmd``, read from the oldest as journalctl prints them,
+    up to and including the first one that ``selected`` accepts and whose MESSAGE contains ``until``;
+    journalctl is stopped there. A server's journal keeps growing while it serves (access lines, batch
+    statistics): what a check needs from its start is read in the same time on its first day and its
+    hundredth. Returns ``(entries, bad_lines, stopped)``; ``stopped`` is False when no such entry came (all
+    was read)."""
+    entries, bad = [], 0
+    lines = journal_lines(cmd)
+    try:
+        for raw in lines:
+            found, not_json = parse_json_lines(raw.decode("utf-8", errors="replace"))
+            bad += not_json
+            entries += found
+            if found and until in message_text(found[0].get("MESSAGE")) and selected(found[0]):
+                return entries, bad, True
+    finally:
+        lines.close()
+    return entries, bad, False
 
 
 # systemd's "Main process exited, code=..., status=..." message (sd-messages.h SD_MESSAGE_UNIT_PROCESS_EXIT).

@@ -12,6 +12,7 @@ import json
 
 from ansible.module_utils.sglang_http import HttpError, base_url, get_json, server_info
 from ansible.module_utils.sglang_journal import (
+    READY_MESSAGE,
     JournalError,
     message_text,
     read_invocation,
@@ -415,7 +416,10 @@ def run(module, p):
         entries, notes = (
             observed.journal(wanted, main_pid, start_us)
             if observed
-            else read_invocation(module, wanted, pids=[main_pid], since_monotonic_us=start_us)
+            # From the invocation's first line to SGLang's ready line, not the days of lines after it.
+            else read_invocation(
+                module, wanted, pids=[main_pid], since_monotonic_us=start_us, until=READY_MESSAGE
+            )
         )
         evidence["notes"] += notes
         evidence["journal_entries"] = len(entries)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
+import pytest
 from ansible.module_utils import sglang_journal as sj
 from ansible.module_utils import sglang_serverargs as sa
 from conftest import FIXTURES
@@ -130,6 +134,51 @@ def test_read_invocation_tolerates_a_failed_sync_and_raises_on_a_failed_read():
         assert "rc=1" in str(exc) and "No journal files" in str(exc)
     else:
         raise AssertionError("a failed journalctl read must raise JournalError")
+
+
+# A stand-in for journalctl on a server that keeps serving: prints the recorded invocation
+# (tests/fixtures/journal/stale-inv-2.json: SGLang 0.5.23's startup lines, its ready line, then a left-over
+# process's line), then an access line every millisecond, 20000 of them - a server up for days.
+ACCESS = '{"MESSAGE": "INFO: 10.0.0.1 - GET /health HTTP/1.1 200 OK", "_PID": "165"}'
+_FOREVER = [
+    sys.executable,
+    "-c",
+    "import sys, time\n"
+    "sys.stdout.write(open(sys.argv[1]).read()); sys.stdout.flush()\n"
+    "for _ in range(20000):\n"
+    f"    print({ACCESS!r}, flush=True)\n"
+    "    time.sleep(0.001)\n",
+    str(FIXTURES / "journal" / "stale-inv-2.json"),
+]
+STALE = "7639c897365042fe9cf56a91777d626c"
+
+
+def _main_pids_ready(entry):
+    return entry.get("_PID") == "165" and sj.entry_invocation(entry) == STALE
+
+
+def test_stream_stops_at_the_main_process_ready_line_of_an_endless_journal():
+    started = time.monotonic()
+    entries, bad, stopped = sj.stream_entries(_FOREVER, sj.READY_MESSAGE, _main_pids_ready)
+    assert stopped and bad == 0 and time.monotonic() - started < 20
+    assert len(entries) == 9 and sj.READY_MESSAGE in sj.message_text(entries[-1]["MESSAGE"])
+    # The left-over process's server_args line, logged after the ready line, was never read.
+    assert all(e["_PID"] == "165" for e in entries)
+
+
+def test_stream_reads_to_the_end_without_the_line_and_raises_on_a_failed_run(tmp_path):
+    printer = [sys.executable, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read())", _FOREVER[-1]]
+    entries, bad, stopped = sj.stream_entries(printer, "no such line", _main_pids_ready)
+    assert not stopped and len(entries) == 10 and bad == 0
+    failing = [
+        sys.executable,
+        "-c",
+        "import sys; print('No journal files were found.', file=sys.stderr); sys.exit(1)",
+    ]
+    with pytest.raises(sj.JournalError, match="rc=1.*No journal files"):
+        sj.stream_entries(failing, sj.READY_MESSAGE, _main_pids_ready)
+    with pytest.raises(sj.JournalError, match="could not be run"):
+        sj.stream_entries([str(tmp_path / "missing-journalctl")], sj.READY_MESSAGE, _main_pids_ready)
 
 
 def test_invocation_lines_exit_and_excerpt_of_a_recorded_crash():

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from ansible.module_utils import sglang_http
+from ansible.module_utils import sglang_http, sglang_journal
 from ansible.module_utils import sglang_running_args as running_args
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES
@@ -49,6 +49,7 @@ class FakeHost:
         key=SENTINEL,
     ):
         self.calls = []
+        self.streamed = 0  # journal lines handed to the reader
         self.show = (journal_dir / show).read_text()
         self.journal = (journal_dir / journal).read_text()
         self.environ = environ
@@ -62,6 +63,7 @@ class FakeHost:
         self.key = key
         self.auth_seen = []
         monkeypatch.setattr(AnsibleModule, "run_command", self.run_command)
+        monkeypatch.setattr(sglang_journal, "journal_lines", self.journal_lines)
         monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda _m, name, *a, **k: f"/usr/bin/{name}")
         # sglang_http.get builds the real headers and hands them to its one exchange with the server
         monkeypatch.setattr(sglang_http, "_exchange", self.exchange)
@@ -92,10 +94,22 @@ class FakeHost:
                     "",
                     "Failed to connect to journald: Permission denied" if self.sync_rc else "",
                 )
-            assert "-u" not in cmd, "journalctl -u must never be used as evidence"
-            assert "--all" in cmd, "without --all, journalctl -o json drops fields > 4096 bytes"
+            self.check_journal_read(cmd)
             return 0, self.journal, ""
         raise AssertionError(f"unexpected command {cmd}")
+
+    @staticmethod
+    def check_journal_read(cmd):
+        assert "-u" not in cmd, "journalctl -u must never be used as evidence"
+        assert "--all" in cmd, "without --all, journalctl -o json drops fields > 4096 bytes"
+
+    def journal_lines(self, cmd):
+        """journalctl's output as sglang_journal streams it (the invocation's lines read from the oldest)."""
+        self.calls.append(list(cmd))
+        self.check_journal_read(cmd)
+        for line in self.journal.splitlines(keepends=True):
+            self.streamed += 1
+            yield line.encode()
 
     def exchange(self, url, headers, timeout):
         path = urlsplit(url).path
@@ -201,33 +215,56 @@ def test_seed_incident_old_run_fails_although_unit_output_has_a_2048_line_later(
 def test_later_lines_of_other_invocations_are_ignored(monkeypatch, run):
     # Current = invocation 2 (DFLASH 2048); unit output ends with invocation 3's NGRAM line and
     # SGLang's "has no effect" warning: neither belongs to invocation 2.
-    FakeHost(monkeypatch, show="show-2.txt", journal="unit-all.json")
+    host = FakeHost(monkeypatch, show="show-2.txt", journal="unit-all.json")
     result, failed = run(args())
     assert not failed, result["msg"]
     assert result["evidence"]["window_messages"] == []
-    # invocation 2's own lines plus systemd's lines about it (INVOCATION_ID=, _PID=1), nothing else
+    # invocation 2's own lines plus systemd's lines about it (INVOCATION_ID=, _PID=1), nothing else, up to
+    # its main process's ready line: the reader stops there (sglang_journal.stream_entries)
+    lines = (J / "unit-all.json").read_text().splitlines()
     mine = [
         e
-        for e in map(json.loads, (J / "unit-all.json").read_text().splitlines())
+        for e in map(json.loads, lines)
         if "5f67eaa332b14ce095abdbeeeb5c0407" in (e.get("_SYSTEMD_INVOCATION_ID"), e.get("INVOCATION_ID"))
     ]
-    assert len(mine) == 14
-    assert result["evidence"]["journal_entries"] == len(mine)
+    ready = next(i for i, e in enumerate(mine) if e["_PID"] == "98" and "ready to roll" in e["MESSAGE"])
+    assert (len(mine), ready) == (14, 9)
+    assert result["evidence"]["journal_entries"] == len(mine[: ready + 1])
+    assert host.streamed == 1 + lines.index(json.dumps(mine[ready], separators=(",", ":")))
+    assert not any("read to its end" in n for n in result["evidence"]["notes"])
 
 
-def test_left_over_process_line_with_new_invocation_id_is_ignored(monkeypatch, run):
+@pytest.mark.parametrize("ready_line", ["recorded", "a build without it"])
+def test_left_over_process_line_with_new_invocation_id_is_ignored(monkeypatch, run, tmp_path, ready_line):
     # KillMode=process: PID 162 of the old run logs the window-None line AFTER the restart, and
-    # journald tags it with the NEW invocation id (recorded). Only MainPID's line counts.
-    entries = [json.loads(x) for x in (J / "stale-inv-2.json").read_text().splitlines()]
+    # journald tags it with the NEW invocation id (recorded). Only MainPID's line counts. As recorded, it
+    # comes after MainPID's ready line, where the reader stops; for a build that logs no such line the
+    # reader goes on to the end, and the PID check sets it aside.
+    lines = (J / "stale-inv-2.json").read_text().splitlines(keepends=True)
+    entries = [json.loads(x) for x in lines]
     stale = [e for e in entries if str(e["_PID"]) == "162"]
     assert stale and stale[0]["_SYSTEMD_INVOCATION_ID"] == "7639c897365042fe9cf56a91777d626c"
-    FakeHost(monkeypatch, show="stale-show-2.txt", journal="stale-inv-2.json")
+    assert "ready to roll" in entries[-2]["MESSAGE"] and entries[-1]["_PID"] == "162"
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / "stale-show-2.txt").write_text((J / "stale-show-2.txt").read_text())
+    if ready_line == "recorded":
+        (journal / "inv.json").write_text("".join(lines))
+    else:
+        (journal / "inv.json").write_text("".join(lines[:-2] + lines[-1:]))
+    host = FakeHost(monkeypatch, show="stale-show-2.txt", journal="inv.json", journal_dir=journal)
     result, failed = run(args(unit="h3a-stale.service"))
     assert not failed, result["msg"]
     assert result["reported"]["journal"]["speculative_draft_window_size"] == 2048
-    assert result["evidence"]["ignored"] == [
-        "server_args line from PID 162 ignored: not MainPID 165 (left over from an older run?)"
-    ]
+    read_to_end = any("read to its end" in n for n in result["evidence"]["notes"])
+    if ready_line == "recorded":
+        assert host.streamed == len(lines) - 1 and not read_to_end
+        assert result["evidence"]["ignored"] == []
+    else:
+        assert host.streamed == len(lines) - 1 and read_to_end
+        assert result["evidence"]["ignored"] == [
+            "server_args line from PID 162 ignored: not MainPID 165 (left over from an older run?)"
+        ]
 
 
 def test_mismatch_fails_with_a_diff_line_per_source(monkeypatch, run):
