@@ -70,7 +70,7 @@ def remove_plan_account(lab_host):
         "systemctl disable --now sglang-plan-probe.socket 2>/dev/null;"
         " rm -f /etc/systemd/system/sglang-plan-probe.socket '/etc/systemd/system/sglang-plan-probe@.service'"
         " /etc/sglang/sglang.plan-probe.json /usr/local/lib/sglang-deploy/plan-probe"
-        " /usr/local/lib/sglang-deploy/sglang_redact.py;"
+        " /usr/local/lib/sglang-deploy/sglang_redact.py /usr/local/lib/sglang-deploy/sglang_journal.py;"
         f" systemctl daemon-reload; userdel -r {PLAN_USER} 2>/dev/null; groupdel {PLAN_USER} 2>/dev/null;"
         " true"
     )

@@ -251,6 +251,16 @@ def running_args(run_module, window):
     )
 
 
+def test_the_journal_is_read_to_the_main_process_ready_line_only(host, capsys):
+    """The recorded journal goes on with access lines after SGLang's ready line (as it does for as long as the
+    server serves): the probe stops at that line instead of taking the newest lines."""
+    _text, doc = answer(host, capsys)
+    got = doc["services"]["sglang"]["running"]["journal"]
+    recorded = (P / "journal.json").read_text().splitlines()
+    assert len(recorded) == 49 and len(got) == 28
+    assert "The server is fired up and ready to roll!" in got[-1]["MESSAGE"] and got[-1]["_PID"] == "2802"
+
+
 def test_observed_running_arguments_agree_with_git(run_module, monkeypatch):
     # Nothing is read on the controller: no systemctl, no journalctl, no HTTP, no /proc.
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("HTTP from the plan"))
