@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of the rolling deploy through the router (issue 17) on lab GPU hosts behind a lab router.
 
-Two figures, printed (asserts nothing):
+Three figures, printed (asserts nothing):
   1. the same window change (4096 -> 2048, both windows deployed once before on every host, so no parse is
      cached in one rollout and not in the other) rolled through 2 hosts, then through 3 others
      (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time beyond the sum of each host's drain (the
@@ -13,7 +13,8 @@ Two figures, printed (asserts nothing):
      hosts at once - cancels out; target <= 5 s per host). Both rollouts have at least 2 hosts, so both go
      through the rolling play (one host is deployed by the first play alone);
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts, interleaved --runs times, the fastest
-     of each (target: 4 hosts <= 1.5x 1 host);
+     of each (target: 4 hosts <= 1.5x 1 host), each round's own 4-host / 1-host ratio and their median, and
+     the machine's speed over the rounds (CPU seconds of a fixed loop before each);
   3. the floor of that ratio on this machine: a play of as many tasks per host that do nothing (2 of them
      module runs, as in the no-change run), on 1 and 4 of the same hosts.
 
@@ -31,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,6 +170,15 @@ def floor(bench: Bench, no_change_out: str, runs: int) -> None:
     )
 
 
+def cpu_loop_seconds() -> float:
+    """CPU seconds of a fixed loop in this process: the speed the machine gives right now (a VM's moves by
+    tens of percent within seconds, and every figure of the bench with it)."""
+    started, total = time.process_time(), 0
+    for i in range(3_000_000):
+        total += i
+    return time.process_time() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -200,7 +211,9 @@ def main() -> int:
         # Interleaved (1, 2, 4 hosts, then again): the machine's speed drifts within minutes, and runs of one
         # host count after another would charge that drift to the host count.
         walls: dict[int, list[float]] = {1: [], 2: [], 4: []}
+        speed: list[float] = []
         for _ in range(args.runs):
+            speed.append(cpu_loop_seconds())
             for n in walls:
                 wall, out = bench.play(
                     "playbooks/sglang.yml", "-e", "window=4096", "--limit", ",".join(bench.gpu[:n])
@@ -213,6 +226,12 @@ def main() -> int:
                 f"no-change run, {n} GPU host(s): {seconds:.1f} s ({seconds / figures[1]:.2f}x one host; "
                 f"runs {', '.join(f'{w:.1f}' for w in walls[n])})"
             )
+        rounds = sorted(four / one for one, four in zip(walls[1], walls[4]))
+        print(
+            f"each round's own 4-host / 1-host ratio: {', '.join(f'{r:.2f}' for r in rounds)} (median "
+            f"{statistics.median(rounds):.2f}x); the machine's speed meanwhile: a fixed Python loop took "
+            f"{min(speed):.2f}-{max(speed):.2f} s of CPU, one before each round"
+        )
         print("target: 4 hosts <= 1.5x one host")
         floor(bench, out, args.runs)
     finally:

@@ -176,17 +176,7 @@ def read_invocation(
             raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
         entries, bad = parse_json_lines(out)
     else:
-        # The line must be the main process's own: a left-over process of an older run (KillMode=process) can
-        # log its own, tagged with this invocation (recorded in tests/fixtures/journal/stale-inv-2.json).
-        mains = {str(p) for p in pids if p not in (None, "", 0, "0")}
-        entries, bad, stopped = stream_entries(
-            cmd,
-            until,
-            lambda entry: (
-                (not mains or str(entry.get("_PID")) in mains)
-                and bool(select_invocation([entry], inv, pids, since_monotonic_us))
-            ),
-        )
+        entries, bad, stopped = stream_entries(cmd, until, main_process_line(inv, pids, since_monotonic_us))
         if not stopped:
             notes.append(f"no {until!r} line in the invocation's journal: read to its end")
     if bad:
@@ -198,7 +188,7 @@ def journal_lines(cmd):
     """journalctl's standard output line by line as it comes (bytes); closing the generator stops journalctl.
     Raises JournalError when it cannot be started, or when it ran to its end and failed."""
     try:
-        proc = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+        proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, **JOURNAL_ENV)
         )
     except OSError as exc:
@@ -216,6 +206,20 @@ def journal_lines(cmd):
         rc = proc.wait()
     if rc != 0:
         raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {err.strip()}")
+
+
+def main_process_line(invocation_id, pids, since_monotonic_us=None):
+    """What stream_entries stops on: a line of the invocation logged by one of ``pids`` (its main process). A
+    left-over process of an older run (KillMode=process) logs lines tagged with the new invocation too
+    (recorded in tests/fixtures/journal/stale-inv-2.json), its own ready line among them."""
+    mains = {str(p) for p in pids if p not in (None, "", 0, "0")}
+
+    def accepts(entry):
+        return (not mains or str(entry.get("_PID")) in mains) and bool(
+            select_invocation([entry], invocation_id, pids, since_monotonic_us)
+        )
+
+    return accepts
 
 
 def stream_entries(cmd, until, selected):
