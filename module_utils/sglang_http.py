@@ -5,7 +5,7 @@
 Only loopback or the host's own address is ever queried, over ``http://`` (``base_url``); proxies from
 the environment are never read, so that ``http_proxy`` on a GPU host cannot route a health check
 elsewhere. ``http.client`` rather than ``ansible.module_utils.urls``: a module that queries SGLang
-imports neither ``urls`` nor ``ssl`` and loads no CA store (measured on a lab host: ~60 ms of CPU
+imports no ``urls`` and loads no CA store (measured on a lab host: ~70 ms of CPU
 less per run of the proof, sglang_verified_restart).
 """
 
