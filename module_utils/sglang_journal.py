@@ -134,6 +134,23 @@ def messages(entries, last=None):
 JOURNAL_ENV = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
 
 
+def invocation_command(journalctl, invocation_id, pids=(), last=None):
+    """The journalctl argv for one invocation's lines, this boot: ``INVOCATION_ID=<id> +
+    _SYSTEMD_INVOCATION_ID=<id>`` and, per PID, ``+ _PID=<pid>`` (``+`` is journalctl's OR); with ``last``,
+    the newest ``last`` only (``-n``)."""
+    inv = _norm_id(invocation_id)
+    # --all: without it journalctl -o json prints "MESSAGE": null for fields over 4096 bytes,
+    # and the 0.5.23 server_args= line is ~19 KB (recorded: tests/fixtures/journal/).
+    cmd = [journalctl, "-o", "json", "--all", "--no-pager", "-b"]
+    if last is not None:
+        cmd += ["-n", str(max(int(last), 1))]
+    cmd += [f"INVOCATION_ID={inv}", "+", f"_SYSTEMD_INVOCATION_ID={inv}"]
+    for pid in pids:
+        if pid not in (None, "", 0, "0"):
+            cmd += ["+", f"_PID={int(pid)}"]
+    return cmd
+
+
 def read_invocation(
     module, invocation_id, pids=(), since_monotonic_us=None, journalctl=None, sync=True, last=None, until=None
 ):
@@ -161,15 +178,7 @@ def read_invocation(
         if rc != 0:
             notes.append(f"journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway")
     inv = _norm_id(invocation_id)
-    # --all: without it journalctl -o json prints "MESSAGE": null for fields over 4096 bytes,
-    # and the 0.5.23 server_args= line is ~19 KB (recorded: tests/fixtures/journal/).
-    cmd = [journalctl, "-o", "json", "--all", "--no-pager", "-b"]
-    if last is not None:
-        cmd += ["-n", str(max(int(last), 1))]
-    cmd += [f"INVOCATION_ID={inv}", "+", f"_SYSTEMD_INVOCATION_ID={inv}"]
-    for pid in pids:
-        if pid not in (None, "", 0, "0"):
-            cmd += ["+", f"_PID={int(pid)}"]
+    cmd = invocation_command(journalctl, inv, pids, last)
     if until is None:
         rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
         if rc != 0:
