@@ -17,6 +17,10 @@ Three figures, printed (asserts nothing):
      the machine's speed over the rounds (CPU seconds of a fixed loop before each);
   3. the floor of that ratio on this machine: a play of as many tasks per host that do nothing (2 of them
      module runs, as in the no-change run), on 1 and 4 of the same hosts.
+With each no-change figure, the CPU seconds it took: the controller's (ansible-playbook and its workers) and
+the lab hosts' (their cgroups: the modules, sshd, the lab servers), and how many of the machine's cores that
+kept busy on average over the run's wall time - the lab hosts share the controller's cores here, where a
+fleet's GPU hosts run their modules on their own.
 
 Brings up `--hosts 5 --routers 1` lab hosts from --first-index (its own inventory
 inventory/lab/fleet-bench-<index>.yml, gitignored), deploys window 2048, then 4096 to all of them (not
@@ -31,6 +35,7 @@ import configparser
 import json
 import os
 import re
+import resource
 import secrets
 import statistics
 import subprocess
@@ -52,6 +57,25 @@ class Bench:
         self.router = f"lab{index + GPU_HOSTS}"
         self.index = index
         self.keys = {"sglang_router_admin_key": secrets.token_hex(16)}
+        # The CPU seconds of the last play: the controller's, the lab hosts' (None: no cgroup to read).
+        self.cpu: tuple[float, float | None] = (0.0, None)
+
+    def lab_cpu_seconds(self) -> float | None:
+        """CPU seconds the bench's lab hosts have used so far: the usage_usec of each host's cgroup
+        (lab/labctl puts each host under sglang-lab/<host> of the cgroup2 hierarchy)."""
+        with open("/proc/self/mountinfo") as handle:
+            roots = [
+                line.split()[4] for line in handle if line.partition(" - ")[2].split()[:1] == ["cgroup2"]
+            ]
+        total = 0.0
+        for host in [*self.gpu, self.router]:
+            stats = [Path(root, "sglang-lab", host, "cpu.stat") for root in roots]
+            found = [p for p in stats if p.exists()]
+            if not found:
+                return None
+            usage = dict(line.split() for line in found[0].read_text().splitlines())
+            total += int(usage["usage_usec"]) / 1e6
+        return total
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
@@ -81,6 +105,8 @@ class Bench:
                     ANSIBLE_CALLBACKS_ENABLED=f"{enabled},ansible.posix.profile_tasks".lstrip(","),
                     PROFILE_TASKS_TASK_OUTPUT_LIMIT="15",
                 )
+            lab_before = self.lab_cpu_seconds()
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.monotonic()
             r = subprocess.run(
                 [*argv, *args],
@@ -91,6 +117,12 @@ class Bench:
                 text=True,
             )
             wall = time.monotonic() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            lab_after = self.lab_cpu_seconds()
+            self.cpu = (
+                after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime,
+                None if lab_before is None or lab_after is None else lab_after - lab_before,
+            )
         if r.returncode != 0:
             sys.stdout.write(r.stdout[-4000:] + r.stderr[-2000:])
             sys.exit(f"{playbook} {' '.join(args)} failed (rc {r.returncode})")
@@ -160,13 +192,17 @@ def floor(bench: Bench, no_change_out: str, runs: int) -> None:
         handle.write("\n".join(body) + "\n")
         handle.flush()
         walls: dict[int, list[float]] = {1: [], 4: []}
+        cpus: dict[int, list[tuple[float, float | None]]] = {1: [], 4: []}
         for _ in range(runs):
             for n in walls:
                 walls[n].append(bench.play(handle.name, "--limit", ",".join(bench.gpu[:n]))[0])
+                cpus[n].append(bench.cpu)
     one, four = min(walls[1]), min(walls[4])
+    controller, lab = cpus[4][walls[4].index(four)]
     print(
         f"floor: {tasks} tasks per host that do nothing (2 of them pings): 1 host {one:.1f} s, "
-        f"4 hosts {four:.1f} s ({four / one:.2f}x)"
+        f"4 hosts {four:.1f} s ({four / one:.2f}x); the 4-host run's CPU: controller {controller:.1f} s"
+        + ("" if lab is None else f" + lab hosts {lab:.1f} s")
     )
 
 
@@ -211,6 +247,7 @@ def main() -> int:
         # Interleaved (1, 2, 4 hosts, then again): the machine's speed drifts within minutes, and runs of one
         # host count after another would charge that drift to the host count.
         walls: dict[int, list[float]] = {1: [], 2: [], 4: []}
+        cpus: dict[int, list[tuple[float, float | None]]] = {n: [] for n in walls}
         speed: list[float] = []
         for _ in range(args.runs):
             speed.append(cpu_loop_seconds())
@@ -220,11 +257,18 @@ def main() -> int:
                 )
                 assert all("changed=0" in line for line in out.splitlines() if " : ok=" in line)
                 walls[n].append(wall)
+                cpus[n].append(bench.cpu)
         figures = {n: min(w) for n, w in walls.items()}
         for n, seconds in figures.items():
+            controller, lab = cpus[n][walls[n].index(seconds)]
+            busy = ""
+            if lab is not None:
+                cores = (controller + lab) / seconds
+                busy = f" + lab hosts {lab:.1f} s = {cores:.1f} of {os.cpu_count()} cores busy"
             print(
                 f"no-change run, {n} GPU host(s): {seconds:.1f} s ({seconds / figures[1]:.2f}x one host; "
-                f"runs {', '.join(f'{w:.1f}' for w in walls[n])})"
+                f"runs {', '.join(f'{w:.1f}' for w in walls[n])}); "
+                f"its CPU: controller {controller:.1f} s{busy}"
             )
         rounds = sorted(four / one for one, four in zip(walls[1], walls[4]))
         print(
