@@ -20,6 +20,7 @@ ExecStart={{ argv | join(' ') }} --window {{ window }}
 {% endfor %}
 {% include 'part.j2' %}
 Escaped=a\\tb {{ shadowed }} {{ extra | default('no extra') }}
+{{ argv.append('--mutated') }}{{ env.update({'C': '3'}) }}
 """
 PLAY = """
 - hosts: localhost
@@ -38,7 +39,7 @@ TASKS = """
 - name: Show them and the variable the template shadowed
   ansible.builtin.debug:
     msg: "{{ {'builtin': builtin, 'ours': ours, 'builtin_plain': builtin_plain, 'ours_plain': ours_plain,
-              'shadowed': shadowed} }}"
+              'shadowed': shadowed, 'argv': argv, 'env': env} }}"
 """
 VARS = """
 shadowed: outside
@@ -79,9 +80,11 @@ def test_the_same_text_as_the_builtin_lookup(tmp_path):
     assert "# main.j2 for localhost\nExecStart=python -m sglang.launch_server" in out["ours"]
     # (Jinja drops the included file's last newline.)
     assert "--window 2048\nA=1\nB=2\nPart=2048Escaped=a\\tb inside x\n" in out["ours"]
-    assert out["ours_plain"].endswith("Escaped=a\\tb inside no extra\n")
-    # The template's `set` bound its own name only.
+    assert "Escaped=a\\tb inside no extra\n" in out["ours_plain"]
+    # The template's `set` bound its own name only, and its calls that would change a list or a dict in
+    # place changed no task variable (ansible-core hands a template copies; nothing is shared either).
     assert out["shadowed"] == "outside"
+    assert out["argv"][-1] == "DFLASH" and out["env"] == {"A": "1", "B": "2"}
 
 
 def test_ansible_managed_set_by_the_user_is_kept(tmp_path):
