@@ -20,7 +20,11 @@ and source): zipimport tries ``x.pyc`` before ``x.py``. The ``.pyc`` is hash-bas
 the host verifies it against the ``.py`` beside it before using it, and a host whose Python has another
 bytecode version (magic number) rejects it and compiles the ``.py`` as before - never different, at worst
 as slow as before. ``__file__`` of a module then names its ``.pyc``; tracebacks name the files by their
-path in the payload (``ansible/module_utils/basic.py``).
+path in the payload (``ansible/module_utils/basic.py``). The price is the payload's size: ~2.9x (the proof's
+248 KB of base64 -> 727 KB, sent over SSH for every module run). Over a datacenter network that is a few
+milliseconds; over a slow link to the hosts it can cost more than the compile it saves: the option
+``bytecode`` (ansible.cfg ``[callback_sglang_ansiballz_cache] bytecode = false``, or the environment
+variable ``SGLANG_PAYLOAD_BYTECODE=false``) turns it off, the shared parses stay.
 
 ansible-core keeps ``_compile_module_ast``, ``recursive_finder`` and ``_add_module_to_zip`` private. Pinned
 ansible-core (requirements.txt) is what this was measured with; with another one where they are missing or
@@ -50,6 +54,18 @@ description:
     (callbacks_enabled).
 requirements:
   - ansible-core 2.19 (private module_common._compile_module_ast, recursive_finder and _add_module_to_zip)
+options:
+  bytecode:
+    description:
+      - Write each Python file's bytecode (.pyc) beside it in the module payloads. The payloads grow ~2.9x;
+        turn it off when the link to the hosts is slow.
+    type: bool
+    default: true
+    ini:
+      - section: callback_sglang_ansiballz_cache
+        key: bytecode
+    env:
+      - name: SGLANG_PAYLOAD_BYTECODE
 """
 
 display = Display()
@@ -167,7 +183,10 @@ class CallbackModule(CallbackBase):
     CALLBACK_NEEDS_ENABLED = True
 
     def v2_playbook_on_start(self, playbook):
-        why = [reason for reason in (_install(), _install_bytecode()) if reason]
+        why = [_install()]
+        if self.get_option("bytecode"):
+            why.append(_install_bytecode())
+        why = [reason for reason in why if reason]
         try:
             _prewarm()
         except Exception as exc:  # noqa: BLE001 - an optimisation never fails a run

@@ -176,3 +176,9 @@ def test_a_module_run_imports_the_bytecode(tmp_path):
 def test_without_the_callback_a_module_run_compiles_the_source(tmp_path):
     found = basic_file_in_a_module_run(tmp_path, ANSIBLE_CALLBACKS_ENABLED="sglang_prefork")
     assert found.endswith("/ansible/module_utils/basic.py")
+
+
+def test_with_the_bytecode_option_off_a_module_run_compiles_the_source(tmp_path):
+    assert "bytecode = true" in (REPO / "ansible.cfg").read_text()
+    found = basic_file_in_a_module_run(tmp_path, SGLANG_PAYLOAD_BYTECODE="false")
+    assert found.endswith("/ansible/module_utils/basic.py")
