@@ -183,13 +183,14 @@ class CallbackModule(CallbackBase):
     CALLBACK_NEEDS_ENABLED = True
 
     def v2_playbook_on_start(self, playbook):
-        why = [_install()]
+        answers = [_install()]
         if self.get_option("bytecode"):
-            why.append(_install_bytecode())
-        why = [reason for reason in why if reason]
-        try:
-            _prewarm()
-        except Exception as exc:  # noqa: BLE001 - an optimisation never fails a run
-            why.append(f"prewarming failed ({type(exc).__name__}: {exc})")
+            answers.append(_install_bytecode())
+        why = [reason for reason in answers if reason]
+        if len(why) < len(answers):  # something installed: parse (and compile) before the workers fork
+            try:
+                _prewarm()
+            except Exception as exc:  # noqa: BLE001 - an optimisation never fails a run
+                why.append(f"prewarming failed ({type(exc).__name__}: {exc})")
         if why:
             display.vvv(f"sglang_ansiballz_cache: not sharing parses or bytecode: {'; '.join(why)}")
