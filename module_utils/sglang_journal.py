@@ -163,9 +163,10 @@ def read_invocation(
     exited, code=...") and lines of its PIDs that lost their unit tags, this boot only (a PID of an
     earlier boot is not this process; monotonic stamps of another boot do not compare). ``last``
     bounds the read to the newest ``last`` matching lines (``-n``); ``until`` (a message, e.g.
-    READY_MESSAGE) to the oldest lines up to the invocation's first line containing it (stream_entries).
-    ``-u UNIT`` is never used: it returns lines of old invocations. Returns ``(entries, notes)``; raises
-    JournalError when journalctl is missing or fails.
+    READY_MESSAGE) to the oldest lines up to the invocation's main process's first line containing it.
+    Either way journalctl's output is read as it comes (stream_entries). ``-u UNIT`` is never used: it
+    returns lines of old invocations. Returns ``(entries, notes)``; raises JournalError when journalctl is
+    missing or fails.
     """
     if not invocation_id:
         raise JournalError("no InvocationID given: cannot select the current invocation's journal lines")
@@ -179,15 +180,9 @@ def read_invocation(
             notes.append(f"journalctl --sync failed (rc={rc}): {(err or out).strip()}; reading anyway")
     inv = _norm_id(invocation_id)
     cmd = invocation_command(journalctl, inv, pids, last)
-    if until is None:
-        rc, out, err = module.run_command(cmd, environ_update=JOURNAL_ENV)
-        if rc != 0:
-            raise JournalError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")
-        entries, bad = parse_json_lines(out)
-    else:
-        entries, bad, stopped = stream_entries(cmd, until, main_process_line(inv, pids, since_monotonic_us))
-        if not stopped:
-            notes.append(f"no {until!r} line in the invocation's journal: read to its end")
+    entries, bad, stopped = stream_entries(cmd, until, main_process_line(inv, pids, since_monotonic_us))
+    if until is not None and not stopped:
+        notes.append(f"no {until!r} line in the invocation's journal: read to its end")
     if bad:
         notes.append(f"{bad} line(s) of journalctl -o json output were not JSON and were skipped")
     return select_invocation(entries, inv, pids, since_monotonic_us), notes
@@ -233,11 +228,11 @@ def main_process_line(invocation_id, pids, since_monotonic_us=None):
 
 def stream_entries(cmd, until, selected):
     """The entries of ``journalctl -o json`` run as ``cmd``, read from the oldest as journalctl prints them,
-    up to and including the first one that ``selected`` accepts and whose MESSAGE contains ``until``;
-    journalctl is stopped there. A server's journal keeps growing while it serves (access lines, batch
-    statistics): what a check needs from its start is read in the same time on its first day and its
-    hundredth. Returns ``(entries, bad_lines, stopped)``; ``stopped`` is False when no such entry came (all
-    was read)."""
+    up to and including the first one that ``selected`` accepts and whose MESSAGE contains ``until`` (all of
+    them when ``until`` is None); journalctl is stopped there. A server's journal keeps growing while it
+    serves (access lines, batch statistics): what a check needs from its start is read in the same time on
+    its first day and its hundredth. Returns ``(entries, bad_lines, stopped)``; ``stopped`` is False when no
+    such entry came (all was read)."""
     entries, bad = [], 0
     lines = journal_lines(cmd)
     try:
@@ -245,7 +240,12 @@ def stream_entries(cmd, until, selected):
             found, not_json = parse_json_lines(raw.decode("utf-8", errors="replace"))
             bad += not_json
             entries += found
-            if found and until in message_text(found[0].get("MESSAGE")) and selected(found[0]):
+            if (
+                found
+                and until is not None
+                and until in message_text(found[0].get("MESSAGE"))
+                and selected(found[0])
+            ):
                 return entries, bad, True
     finally:
         lines.close()

@@ -80,28 +80,35 @@ def test_non_json_lines_are_counted():
 
 # --------------------------------------------------------------------- the one journal reader
 class _Journalctl:
-    """run_command of a module whose journalctl answers with the recorded crash of vr-crash.service."""
+    """A module whose journalctl answers with the recorded crash of vr-crash.service: ``--sync`` through
+    run_command, the read itself streamed (sglang_journal.journal_lines, replaced by this one)."""
 
-    def __init__(self, sync_rc=0, rc=0):
+    def __init__(self, monkeypatch, sync_rc=0, rc=0):
         self.calls, self.sync_rc, self.rc = [], sync_rc, rc
         self.text = (FIXTURES / "systemd" / "journal-crash-e264219f.json").read_text()
+        monkeypatch.setattr(sj, "journal_lines", self.journal_lines)
 
     def get_bin_path(self, name, required=False):
         return f"/usr/bin/{name}"
 
     def run_command(self, cmd, environ_update=None):
         assert environ_update["LANG"] == "C" and environ_update["SYSTEMD_PAGER"] == ""
+        assert cmd[1:] == ["--sync"], f"only the sync goes through run_command, not {cmd}"
         self.calls.append(cmd)
-        if cmd[1] == "--sync":
-            return self.sync_rc, "", "Failed to connect to journald" if self.sync_rc else ""
-        return (self.rc, self.text, "") if not self.rc else (self.rc, "", "No journal files were found.")
+        return self.sync_rc, "", "Failed to connect to journald" if self.sync_rc else ""
+
+    def journal_lines(self, cmd):
+        self.calls.append(cmd)
+        if self.rc:
+            raise sj.JournalError(f"{' '.join(cmd)} failed (rc={self.rc}): No journal files were found.")
+        yield from (line.encode() for line in self.text.splitlines(keepends=True))
 
 
 CRASH = "e264219f0da04f3da81b88c5e071680f"
 
 
-def test_read_invocation_asks_for_this_boot_the_invocation_and_its_pid():
-    module = _Journalctl()
+def test_read_invocation_asks_for_this_boot_the_invocation_and_its_pid(monkeypatch):
+    module = _Journalctl(monkeypatch)
     entries, notes = sj.read_invocation(module, CRASH, pids=[309], sync=False, last=80)
     assert module.calls == [
         [
@@ -124,12 +131,12 @@ def test_read_invocation_asks_for_this_boot_the_invocation_and_its_pid():
     assert "-u" not in module.calls[0]
 
 
-def test_read_invocation_tolerates_a_failed_sync_and_raises_on_a_failed_read():
-    module = _Journalctl(sync_rc=1)
+def test_read_invocation_tolerates_a_failed_sync_and_raises_on_a_failed_read(monkeypatch):
+    module = _Journalctl(monkeypatch, sync_rc=1)
     _entries, notes = sj.read_invocation(module, CRASH)
     assert module.calls[0] == ["/usr/bin/journalctl", "--sync"] and "reading anyway" in notes[0]
     try:
-        sj.read_invocation(_Journalctl(rc=1), CRASH)
+        sj.read_invocation(_Journalctl(monkeypatch, rc=1), CRASH)
     except sj.JournalError as exc:
         assert "rc=1" in str(exc) and "No journal files" in str(exc)
     else:

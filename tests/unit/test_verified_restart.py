@@ -15,6 +15,7 @@ import shutil
 import socket
 
 import pytest
+from ansible.module_utils import sglang_journal
 from ansible.module_utils import sglang_running_args as running_args
 from ansible.module_utils import sglang_verifier as worker
 from ansible.module_utils.basic import AnsibleModule
@@ -60,9 +61,14 @@ class Replay:
             return 0, "", ""
         if tool == "systemctl" and verb == "reset-failed":
             return 0, "", ""
-        if tool == "journalctl":
-            return 0, ("" if verb == "--sync" else self.journal), ""
+        if tool == "journalctl" and verb == "--sync":
+            return 0, "", ""
         raise AssertionError(f"unexpected command {cmd}")
+
+    def journal_lines(self, cmd):
+        """journalctl's output as sglang_journal reads it (streamed, not through run_command)."""
+        self.commands.append(cmd[1:])
+        yield from (line.encode() for line in self.journal.splitlines(keepends=True))
 
     def http_status(self, _url, _headers, _timeout):
         if self.ready_at_us is not None and self.now >= self.ready_at_us:
@@ -73,6 +79,7 @@ class Replay:
 
 def patch_tools(monkeypatch, replay):
     monkeypatch.setattr(AnsibleModule, "run_command", lambda _self, cmd, **kw: replay.run_command(cmd, **kw))
+    monkeypatch.setattr(sglang_journal, "journal_lines", replay.journal_lines)
     monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda _self, name, **_kw: f"/usr/bin/{name}")
 
 
