@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -47,6 +49,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ANSIBLE = ROOT / ".venv" / "bin"
 LABCTL = ROOT / "lab" / "labctl"
+# lab/labctl as a module, for where it puts each lab host's cgroups.
+_LOADER = importlib.machinery.SourceFileLoader("labctl", str(LABCTL))
+LAB = importlib.util.module_from_spec(importlib.util.spec_from_loader("labctl", _LOADER))
+_LOADER.exec_module(LAB)
 GPU_HOSTS = 5  # a 2-host and a 3-host rollout, on distinct hosts
 
 
@@ -62,15 +68,10 @@ class Bench:
 
     def lab_cpu_seconds(self) -> float | None:
         """CPU seconds the bench's lab hosts have used so far: the usage_usec of each host's cgroup
-        (lab/labctl puts each host under sglang-lab/<host> of the cgroup2 hierarchy)."""
-        with open("/proc/self/mountinfo") as handle:
-            roots = [
-                line.split()[4] for line in handle if line.partition(" - ")[2].split()[:1] == ["cgroup2"]
-            ]
+        (lab/labctl's host_cgroups; the cgroup2 one has cpu.stat)."""
         total = 0.0
         for host in [*self.gpu, self.router]:
-            stats = [Path(root, "sglang-lab", host, "cpu.stat") for root in roots]
-            found = [p for p in stats if p.exists()]
+            found = [p for p in (Path(c, "cpu.stat") for c in LAB.host_cgroups(host)) if p.exists()]
             if not found:
                 return None
             usage = dict(line.split() for line in found[0].read_text().splitlines())
