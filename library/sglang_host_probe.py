@@ -288,6 +288,42 @@ options:
       config_path:
         description: As C(sglang_argv)'s.
         type: path
+  prove:
+    description:
+      - With O(lock) and O(argv), outside check mode - prove the invocation that runs now in this same call,
+        as C(sglang_verified_restart) with C(restart=false) does (one C(/health_generate) answer, the listener
+        in the unit's cgroup, no older process, and the running-arguments assertion of the command line built
+        from O(argv)), when the host is converged - nothing for the role to install or set up, no pending
+        marker, no drop-in, the releases tidy, the unit loaded, enabled, active, running from the release, and
+        its unit, environment and --config files on disk the known-good ones (O(sha256), O(modes)).
+      - Proven, the deploy lock is released in this call (RV(released_lock)); a pass that renders the same
+        files changes nothing after it, and one that must write after all takes the lock again
+        (tasks/write.yml).
+      - Not proven, nothing is released and RV(proof) is null (RV(not_proven) says why), and the run goes on
+        as without this option.
+    type: dict
+    suboptions:
+      host:
+        description: Address of the server (as C(sglang_verified_restart)'s).
+        type: str
+        required: true
+      port:
+        description: Port of the server.
+        type: int
+        required: true
+      api_key:
+        description: The server's API key.
+        type: str
+      base:
+        description:
+          - What only the controller knows of the running-arguments assertion
+            (module_utils/sglang_expectations.py C(running_expectations)).
+        type: dict
+        required: true
+      health_timeout:
+        description: Seconds the health answer may take.
+        type: float
+        default: 25
 attributes:
   check_mode:
     support: full
@@ -320,6 +356,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+proof:
+  description:
+    - With O(prove), the proof of the running invocation (what C(sglang_verified_restart) returns, C(running)
+      the assertion), when the host was converged and the proof held; else null.
+  returned: with O(prove)
+  type: dict
+released_lock:
+  description: With O(prove) - the token of the deploy lock released in this call after the proof, else empty.
+  returned: with O(prove)
+  type: str
+not_proven:
+  description: With O(prove) - why RV(proof) is null (the first reason found); empty when proven.
+  returned: with O(prove)
+  type: str
 argv:
   description:
     - With O(argv) and a complete release, what C(sglang_argv) returns for it (C(argv), C(managed), C(env),
@@ -440,15 +490,22 @@ import re
 import stat
 import subprocess
 
+from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
+from ansible.module_utils.sglang_expectations import running_expectations
 from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, on_every_end, take
+from ansible.module_utils.sglang_lock import release as release_lock
+from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_problems
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
+from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
+# The files a proof in the probe's call wants on disk as the known-good ones (O(sha256) names).
+FILES = ("unit", "env", "config")
 PROBE_PROPERTIES = (
     "LoadState",
     "ActiveState",
@@ -786,6 +843,112 @@ def dropins(unit, dirs, loaded_text, limit):
     return out
 
 
+PROVE_OPTIONS = dict(
+    host=dict(type="str", required=True),
+    port=dict(type="int", required=True),
+    api_key=dict(type="str", no_log=True),
+    base=dict(type="dict", required=True),
+    health_timeout=dict(type="float", default=25),
+)
+# The running-arguments options a proof passes on, with sglang_running_args' defaults for those not built.
+RUNNING_DEFAULTS = {name: spec.get("default") for name, spec in RUNNING_ARGS_SUBOPTIONS.items()}
+
+
+class NotProven(Exception):
+    """A proof that did not hold: the reason; the run goes on without it."""
+
+
+class SoftModule:
+    """The module, for a proof that must not end the call: its ``fail_json`` raises NotProven."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def fail_json(self, msg="", **_result):
+        raise NotProven(msg)
+
+
+def unsettled(answer):
+    """Why the host is not converged for a proof in the probe's call (the first reason), or ""."""
+    release, systemd, sha = answer.get("release") or {}, answer["systemd"], answer["sha256"]
+    reasons = (
+        (
+            "the command line was not built (the release is not complete)",
+            not isinstance(answer.get("argv"), dict),
+        ),
+        ("the unit does not run from the release", not release.get("running")),
+        ("the releases are not tidy", not release.get("tidy")),
+        ("packages are missing", bool(answer["missing_packages"])),
+        ("the service account is not as wanted", not (answer["group_ok"] and answer["user_ok"])),
+        ("directories or files are not as wanted", bool(answer["bad_dirs"] or answer["bad_files"])),
+        ("a pending marker is there", answer["pending"] is not None),
+        ("the unit has drop-ins", bool(answer["dropins"])),
+        ("a file's mode is not as wanted", not all(answer["modes_ok"].values())),
+        (
+            "the unit, environment or --config file is not the known-good one",
+            any(sha.get(name) is None or sha.get(name) != sha.get(f"known_good_{name}") for name in FILES),
+        ),
+        (
+            "the unit is not loaded, enabled and active",
+            (systemd.get("LoadState"), systemd.get("UnitFileState"), systemd.get("ActiveState"))
+            != ("loaded", "enabled", "active"),
+        ),
+    )
+    return next((reason for reason, applies in reasons if applies), "")
+
+
+def prove_converged(module, p, answer):
+    """The proof of the running invocation (sglang_verified_restart, restart=false: one health answer), with
+    the running-arguments assertion of the command line built in this call: {proof} or {not_proven}."""
+    prove, unit = p["prove"], p["unit"] if "." in p["unit"] else p["unit"] + ".service"
+    expected = running_expectations(answer["argv"], prove["base"], answer["release"]["path"])
+    params = dict(
+        unit=unit,
+        host=prove["host"],
+        port=prove["port"],
+        api_key=prove["api_key"],
+        ready_timeout=30,
+        stable_seconds=0,
+        health_count=1,
+        health_timeout=prove["health_timeout"],
+        poll_interval=0.25,
+        journal_lines=20,
+        running_args=dict(RUNNING_DEFAULTS, **expected),
+    )
+    soft = SoftModule(module)
+    try:
+        systemctl = module.get_bin_path("systemctl", required=True)
+        call_us = verifier.clock_us()
+        props = systemctl_show(module, unit, verifier.SHOW_PROPERTIES, systemctl)
+        problems = unit_problems(unit, props)
+        if problems:
+            raise NotProven("; ".join(problems))
+        # One health answer: the budget ends at the call (the answer in flight is still waited for).
+        result = run_and_assert(
+            soft, params, probe_baseline(soft, params, props, call_us), systemctl, call_us
+        )
+    except (NotProven, SystemctlError) as exc:
+        return {"not_proven": str(exc)}
+    if result.get("pending"):
+        return {"not_proven": f"no health answer 200 from {unit} ({result['msg']})"}
+    return {"proof": result}
+
+
+def release_after_proof(module, lock, taken):
+    """Release the lock this call took (a proven host changes nothing after it): its token, or "" (warned)."""
+    try:
+        done, _, message = release_lock(lock["dir"], lock["name"], taken["token"])
+    except (OSError, LockError) as exc:
+        module.warn(failure(lock, exc))
+        return ""
+    if message:
+        module.warn(message)
+    return taken["token"] if done else ""
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -846,6 +1009,7 @@ def main():
             pending=dict(type="path"),
             lock=dict(type="dict", options=TAKE_OPTIONS),
             argv=dict(type="dict", options=BUILD_OPTIONS),
+            prove=dict(type="dict", options=PROVE_OPTIONS),
         ),
         supports_check_mode=True,
     )
@@ -898,7 +1062,7 @@ def main():
         built["argv"] = (
             command_line(module, p["argv"], python) if complete and os.access(python, os.X_OK) else None
         )
-    module.exit_json(
+    answer = dict(
         changed=False,
         venv=os.access(os.path.join(p["venv"], "bin", "python"), os.X_OK),
         versions=installed_versions(p["venv"]),
@@ -920,6 +1084,18 @@ def main():
         pending=read_pending(p["pending"]) if p["pending"] else None,
         **built,
     )
+
+    if p["prove"] is not None:
+        answer.update(proof=None, released_lock="", not_proven="")
+        if p["lock"] is None or module.check_mode:
+            answer["not_proven"] = "no deploy lock taken (check mode, or no lock option)"
+        else:
+            answer["not_proven"] = unsettled(answer)
+            if not answer["not_proven"]:
+                answer.update(prove_converged(module, p, answer))
+            if answer["proof"] is not None:
+                answer["released_lock"] = release_after_proof(module, p["lock"], taken)
+    module.exit_json(**answer)
 
 
 if __name__ == "__main__":

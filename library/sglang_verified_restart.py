@@ -298,9 +298,9 @@ from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
 from ansible.module_utils.sglang_lock import LockError, failure, on_every_end
 from ansible.module_utils.sglang_lock import release as release_lock
+from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
-from ansible.module_utils.sglang_running_args import check as check_running_args
-from ansible.module_utils.sglang_systemd import SystemctlError, as_int, is_loaded, needs_daemon_reload
+from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 ARGUMENT_SPEC = dict(
@@ -406,23 +406,6 @@ def record_verified(module, spec, result):
     result.update(record=entry, recorded=True, pending_cleared=cleared)
 
 
-def unit_problems(unit, props):
-    """P7: reasons a restart now would not run the unit file on disk."""
-    if not is_loaded(props):
-        return [
-            f"{unit} is not loaded (LoadState={props.get('LoadState')}): install the unit file "
-            "and run systemctl daemon-reload first"
-        ]
-    if needs_daemon_reload(props):
-        files = " ".join(p for p in (props.get("FragmentPath"), props.get("DropInPaths")) if p)
-        return [
-            f"{unit}: NeedDaemonReload=yes - the unit file(s) {files} changed on disk since systemd loaded "
-            "them; a restart would run the OLD definition. Run systemctl daemon-reload first (P7), see "
-            "docs/properties.md"
-        ]
-    return []
-
-
 def report_check_mode(module, unit, props, action, problems):
     for problem in problems:
         module.warn(problem)
@@ -463,34 +446,6 @@ def request_restart(module, systemctl, params, props, action, call_us):
     return verifier.new_baseline(params, props, True, request_us, call_us, action)
 
 
-def probe_baseline(module, params, props, call_us):
-    """Probe mode: the running invocation is what gets verified; a unit that is not running fails."""
-    if props.get("ActiveState") != "active" or not as_int(props.get("MainPID")):
-        module.fail_json(
-            msg=f"{params['unit']} is not running (ActiveState={props.get('ActiveState')}, "
-            f"SubState={props.get('SubState')}, Result={props.get('Result')}); "
-            "restart=false only verifies a running invocation",
-            changed=False,
-        )
-    return verifier.new_baseline(params, props, False, None, call_us, None)
-
-
-def assert_running_args(module, params, invocation_id):
-    """(the assertion's result, its problems) for ``invocation_id``; this call's address, key and unit."""
-    return check_running_args(
-        module,
-        dict(
-            params["running_args"],
-            host=params["host"],
-            port=params["port"],
-            api_key=params["api_key"],
-            unit=params["unit"],
-            invocation_id=invocation_id,
-            observed=None,
-        ),
-    )
-
-
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = checked_params(module)
@@ -529,23 +484,7 @@ def main():
     budget_end_us = baseline["stable_deadline_us"]
     if params["budget"] is not None:
         budget_end_us = min(budget_end_us, call_us + int(params["budget"] * 1e6))
-    # The running arguments are asserted as soon as the invocation is ready, while its stability window
-    # elapses (the window then proves the same invocation stayed); a call that continues a baseline whose
-    # ready moment an earlier call saw asserts them after the window.
-    running, on_ready = {}, None
-    if params["running_args"] is not None:
-
-        def on_ready(b):
-            running["at_ready"] = assert_running_args(module, params, b["invocation_id"])
-
-    result = verifier.Verifier(module, params, baseline, systemctl, on_ready=on_ready).run(budget_end_us)
-    if params["running_args"] is not None and not result["pending"]:
-        checked, problems = running.get("at_ready") or assert_running_args(
-            module, params, result["invocation_id"]
-        )
-        result["running"] = checked
-        if problems:
-            module.fail_json(**dict(result, msg=f"{result['msg']} But its {checked['msg']}"))
+    result = run_and_assert(module, params, baseline, systemctl, budget_end_us)
     if params["record"] is not None and not result["pending"]:
         record_verified(module, params["record"], result)
     module.exit_json(**result)

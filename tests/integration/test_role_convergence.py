@@ -58,6 +58,11 @@ RESTART_INCLUDE = "Restart SGLang with proof when its configuration changed"
 # roles/sglang/tasks/configure.yml includes write.yml (the lock renewal, the router leave, the unit module)
 # only when a file is written or a restart follows.
 WRITE_INCLUDE = "Renew the lock, leave the router(s) and write the files (write.yml)"
+# roles/sglang/tasks/verify.yml's own proof: skipped when the host probe proved the invocation in its call.
+VERIFY = "Prove the running invocation is healthy, owns its port and runs the intended arguments"
+RELEASE_LOCK = "Release the deploy lock of the service"
+RETAKE = "Take the deploy lock again for the restart"
+LOCK_DIR = "/run/sglang-deploy"
 
 
 def flat(r) -> str:
@@ -185,6 +190,40 @@ def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_ho
         assert after.invocation_id != before.invocation_id and after.env_sha256 == before.env_sha256
     finally:
         lab_host.ssh(f"chmod 0600 {ENV_PATH}")
+
+
+def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_the_lock_again(lab_host):
+    """The host probe proves an unchanged host in its own call and releases the deploy lock there: a no-change
+    pass makes no other call to the host (verify.yml's proof and the lock release are skipped). A change the
+    running arguments do not show (a variable of sglang_environment) is proven converged too, then found by
+    the render: the pass takes the lock again (retake.yml), finds the host as the probe did, and restarts
+    verified onto the new environment file."""
+    before = lab_host.state()
+    r = run(lab_host, "no change", "-e", "window=2048", extra=FAST_VERIFY)
+    ok(r)
+    assert "changed=0" in recap(r), recap(r)
+    assert task_status(r, VERIFY) == "skipping" and task_status(r, RELEASE_LOCK) == "skipping", r.stdout[
+        -6000:
+    ]
+    assert task_status(r, WRITE_INCLUDE) == "skipping", r.stdout[-6000:]
+    assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
+    assert lab_host.state().invocation_id == before.invocation_id
+
+    extra = dict(FAST_VERIFY, sglang_environment={"SGLANG_LAB_RETAKE": "1"})
+    try:
+        r = run(lab_host, "environment variable added", "-e", "window=2048", extra=extra)
+        ok(r)
+        assert task_status(r, RETAKE) == "ok", r.stdout[-6000:]
+        assert task_status(r, RESTART) == "changed", r.stdout[-6000:]
+        after = lab_host.state()
+        assert after.invocation_id != before.invocation_id
+        assert b"SGLANG_LAB_RETAKE=1" in lab_host.read_bytes(f"/proc/{after.main_pid}/environ")
+        assert "the environment file changed" in lab_host.history()[-1]["reasons"]
+        assert lab_host.history()[-1]["result"] == "verified"
+        assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
+    finally:
+        ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
+    assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
 
 
 def marker(lab_host) -> dict:

@@ -41,6 +41,11 @@ def recorded(name):
 
 @pytest.fixture
 def host(monkeypatch):
+    """fake_host: the recorded host."""
+    return fake_host(monkeypatch)
+
+
+def fake_host(monkeypatch):
     """Answers dpkg-query and systemctl from the recordings chosen in ``host['dpkg']`` / ``host['show']``,
     after checking that the module runs exactly the recorded command; ``host['warned']``: its warnings."""
     state = {

@@ -4,9 +4,9 @@
 ONE controller-only ``ansible-playbook`` run (``ansible_connection: local``, nothing deployed): the role's
 own controller checks (``tasks/preflight.yml``, included with ``public: true`` so its variables stay
 visible), then the environment file and the unit rendered from the role's templates with the role's
-variables, and ``__sglang_expected_env`` (what the running-arguments assertion gets as ``expected_env``,
-``__sglang_running_args`` in ``vars/main.yml``, compared with ``/proc/<MainPID>/environ``). ``sglang_argv``'s
-result is stood in for.
+variables, and ``__sglang_expected_env`` (what the running-arguments assertion gets as ``expected_env``:
+``__sglang_running_args`` in ``vars/main.yml``, built by module_utils/sglang_expectations.py, compared with
+``/proc/<MainPID>/environ``). ``sglang_argv``'s result is stood in for.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from conftest import REPO, run_playbook
 
 SENTINEL = "sk-sentinel-env-18"
 # What the running-arguments assertion gets as expected_env (vars/main.yml: __sglang_running_args, passed by
-# tasks/verify.yml and tasks/service.yml).
+# tasks/verify.yml and tasks/service.yml, and built the same way in the host probe's own proof, install.yml).
 ROLE_VARS = yaml.safe_load((REPO / "roles" / "sglang" / "vars" / "main.yml").read_text())
-VERIFY_EXPECTED_ENV = ROLE_VARS["__sglang_running_args"]["expected_env"]
 VERIFY = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "verify.yml").read_text())
 PLAY = [
     {
@@ -52,6 +51,10 @@ PLAY = [
                         ],
                         "secret_positions": [5],
                         "env": {"SGLANG_DDTREE_MAX_TOPK": "4"},
+                        "managed": {"model_path": "/srv/m"},
+                        "runner_lines": {},
+                        "flag_dests": {},
+                        "version": "0.5.23",
                     },
                     # ... and for the probe's release (the unit's launcher names its python).
                     "__sglang_probe": {
@@ -71,8 +74,8 @@ PLAY = [
                         "'/roles/sglang/templates/etc/sglang/sglang.env.j2') }}",
                         "unit": "{{ lookup('ansible.builtin.template', repo ~ "
                         "'/roles/sglang/templates/etc/systemd/system/sglang.service.j2') }}",
-                        # what the running-arguments assertion gets, as it is written in vars/main.yml
-                        "expected_env": VERIFY_EXPECTED_ENV,
+                        # what the running-arguments assertion gets
+                        "expected_env": "{{ __sglang_running_args.expected_env }}",
                     }
                 },
             },
@@ -171,7 +174,17 @@ def test_the_verification_passes_that_environment():
     known-good record the rollback verifies with, and the pull-request plan all compare
     /proc/<MainPID>/environ with __sglang_expected_env."""
     wanted = "{{ __sglang_expected_env }}"
-    assert wanted == VERIFY_EXPECTED_ENV
+    assert ROLE_VARS["__sglang_expected_env"] == "{{ __sglang_running_args.expected_env }}"
+    assert ROLE_VARS["__sglang_running_args"] == (
+        "{{ __sglang_argv | sglang_running_expectations(__sglang_running_base, __sglang_release_path) }}"
+    )
+    # The host probe's own proof builds it from the same base (install.yml; sglang_host_probe's prove).
+    install = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "install.yml").read_text())
+    assert (
+        install[0]["sglang_host_probe"]["prove"]
+        == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
+    )
+    assert "'base': __sglang_running_base" in ROLE_VARS["__sglang_probe_prove"]
     for task in VERIFY:  # every call of the assertion in verify.yml passes that one dict or its expected_env
         if "sglang_verified_restart" in task:
             assert task["sglang_verified_restart"]["running_args"] == "{{ __sglang_running_args }}"
