@@ -1,8 +1,8 @@
 #!/usr/bin/python
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-# Over 500 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are 254 of them): the
-# code is 354 lines.
+# Over 1,000 lines with its documentation (DOCUMENTATION, EXAMPLES and RETURN are ~470 of them): one
+# reader per finding; the proof a converged host gets in the same call is module_utils/sglang_proof.py's.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -490,17 +490,14 @@ import re
 import stat
 import subprocess
 
-from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
-from ansible.module_utils.sglang_expectations import running_expectations
 from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, on_every_end, take
 from ansible.module_utils.sglang_lock import release as release_lock
-from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_problems
+from ansible.module_utils.sglang_proof import PROVE_OPTIONS, prove_running
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
-from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -843,34 +840,6 @@ def dropins(unit, dirs, loaded_text, limit):
     return out
 
 
-PROVE_OPTIONS = dict(
-    host=dict(type="str", required=True),
-    port=dict(type="int", required=True),
-    api_key=dict(type="str", no_log=True),
-    base=dict(type="dict", required=True),
-    health_timeout=dict(type="float", default=25),
-)
-# The running-arguments options a proof passes on, with sglang_running_args' defaults for those not built.
-RUNNING_DEFAULTS = {name: spec.get("default") for name, spec in RUNNING_ARGS_SUBOPTIONS.items()}
-
-
-class NotProven(Exception):
-    """A proof that did not hold: the reason; the run goes on without it."""
-
-
-class SoftModule:
-    """The module, for a proof that must not end the call: its ``fail_json`` raises NotProven."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def fail_json(self, msg="", **_result):
-        raise NotProven(msg)
-
-
 def unsettled(answer):
     """Why the host is not converged for a proof in the probe's call (the first reason), or ""."""
     release, systemd, sha = answer.get("release") or {}, answer["systemd"], answer["sha256"]
@@ -898,43 +867,6 @@ def unsettled(answer):
         ),
     )
     return next((reason for reason, applies in reasons if applies), "")
-
-
-def prove_converged(module, p, answer):
-    """The proof of the running invocation (sglang_verified_restart, restart=false: one health answer), with
-    the running-arguments assertion of the command line built in this call: {proof} or {not_proven}."""
-    prove, unit = p["prove"], p["unit"] if "." in p["unit"] else p["unit"] + ".service"
-    expected = running_expectations(answer["argv"], prove["base"], answer["release"]["path"])
-    params = dict(
-        unit=unit,
-        host=prove["host"],
-        port=prove["port"],
-        api_key=prove["api_key"],
-        ready_timeout=30,
-        stable_seconds=0,
-        health_count=1,
-        health_timeout=prove["health_timeout"],
-        poll_interval=0.25,
-        journal_lines=20,
-        running_args=dict(RUNNING_DEFAULTS, **expected),
-    )
-    soft = SoftModule(module)
-    try:
-        systemctl = module.get_bin_path("systemctl", required=True)
-        call_us = verifier.clock_us()
-        props = systemctl_show(module, unit, verifier.SHOW_PROPERTIES, systemctl)
-        problems = unit_problems(unit, props)
-        if problems:
-            raise NotProven("; ".join(problems))
-        # One health answer: the budget ends at the call (the answer in flight is still waited for).
-        result = run_and_assert(
-            soft, params, probe_baseline(soft, params, props, call_us), systemctl, call_us
-        )
-    except (NotProven, SystemctlError) as exc:
-        return {"not_proven": str(exc)}
-    if result.get("pending"):
-        return {"not_proven": f"no health answer 200 from {unit} ({result['msg']})"}
-    return {"proof": result}
 
 
 def release_after_proof(module, lock, taken):
@@ -1092,7 +1024,10 @@ def main():
         else:
             answer["not_proven"] = unsettled(answer)
             if not answer["not_proven"]:
-                answer.update(prove_converged(module, p, answer))
+                unit = p["unit"] if "." in p["unit"] else p["unit"] + ".service"
+                answer.update(
+                    prove_running(module, unit, p["prove"], answer["argv"], answer["release"]["path"])
+                )
             if answer["proof"] is not None:
                 answer["released_lock"] = release_after_proof(module, p["lock"], taken)
     module.exit_json(**answer)

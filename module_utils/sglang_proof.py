@@ -8,8 +8,38 @@ call when the host is converged (its O(prove), docs/properties.md P11)."""
 from __future__ import annotations
 
 from ansible.module_utils import sglang_running_args as running_args
+from ansible.module_utils import sglang_systemd
 from ansible.module_utils import sglang_verifier as verifier
-from ansible.module_utils.sglang_systemd import as_int, is_loaded, needs_daemon_reload
+from ansible.module_utils.sglang_expectations import running_expectations
+from ansible.module_utils.sglang_systemd import SystemctlError, as_int, is_loaded, needs_daemon_reload
+
+# sglang_host_probe's prove option: the server, and what only the controller knows of the expectations.
+PROVE_OPTIONS = dict(
+    host=dict(type="str", required=True),
+    port=dict(type="int", required=True),
+    api_key=dict(type="str", no_log=True),
+    base=dict(type="dict", required=True),
+    health_timeout=dict(type="float", default=25),
+)
+# The running-arguments options a proof passes on, with sglang_running_args' defaults for those not built.
+RUNNING_DEFAULTS = {name: spec.get("default") for name, spec in running_args.RUNNING_ARGS_SUBOPTIONS.items()}
+
+
+class NotProven(Exception):
+    """A proof that did not hold: the reason; the call goes on without it."""
+
+
+class SoftModule:
+    """The module, for a proof that must not end the call: its ``fail_json`` raises NotProven."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def fail_json(self, msg="", **_result):
+        raise NotProven(msg)
 
 
 def unit_problems(unit, props):
@@ -78,3 +108,41 @@ def run_and_assert(module, params, baseline, systemctl, budget_end_us):
         if problems:
             module.fail_json(**dict(result, msg=f"{result['msg']} But its {checked['msg']}"))
     return result
+
+
+def prove_running(module, unit, prove, argv, release_path):
+    """The proof of the invocation of ``unit`` that runs now, as sglang_verified_restart's with restart=false
+    and one health answer, with the running-arguments assertion of the command line ``argv`` built from the
+    settings (run from ``release_path``), ``prove`` being sglang_host_probe's option: {"proof": result}, or
+    {"not_proven": why}; nothing it finds ends the call."""
+    params = dict(
+        unit=unit,
+        host=prove["host"],
+        port=prove["port"],
+        api_key=prove["api_key"],
+        # As verify.yml's proof; the budget below ends the wait at once.
+        ready_timeout=30,
+        stable_seconds=0,
+        health_count=1,
+        health_timeout=prove["health_timeout"],
+        poll_interval=0.25,
+        journal_lines=20,
+        running_args=dict(RUNNING_DEFAULTS, **running_expectations(argv, prove["base"], release_path)),
+    )
+    soft = SoftModule(module)
+    try:
+        systemctl = module.get_bin_path("systemctl", required=True)
+        call_us = verifier.clock_us()
+        props = sglang_systemd.show(module, unit, verifier.SHOW_PROPERTIES, systemctl)
+        problems = unit_problems(unit, props)
+        if problems:
+            raise NotProven("; ".join(problems))
+        # One health answer: the budget ends at the call (the answer in flight is still waited for).
+        result = run_and_assert(
+            soft, params, probe_baseline(soft, params, props, call_us), systemctl, call_us
+        )
+    except (NotProven, SystemctlError) as exc:
+        return {"not_proven": str(exc)}
+    if result.get("pending"):
+        return {"not_proven": f"no health answer 200 from {unit} ({result['msg']})"}
+    return {"proof": result}
