@@ -492,9 +492,15 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
-from ansible.module_utils.sglang_lock import TAKE_OPTIONS, LockError, failure, on_every_end, take
-from ansible.module_utils.sglang_lock import release as release_lock
-from ansible.module_utils.sglang_proof import PROVE_OPTIONS, prove_running
+from ansible.module_utils.sglang_lock import (
+    TAKE_OPTIONS,
+    LockError,
+    failure,
+    on_every_end,
+    release_in_call,
+    take,
+)
+from ansible.module_utils.sglang_proof import PROVE_OPTIONS, prove_running, unit_name
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
 from ansible.module_utils.sglang_release import read_marker as read_release_marker
@@ -841,15 +847,18 @@ def dropins(unit, dirs, loaded_text, limit):
 
 
 def unsettled(answer):
-    """Why the host is not converged for a proof in the probe's call (the first reason), or ""."""
+    """Why the host is not converged for a proof in the probe's call (the first reason), or "". Every finding
+    that makes the role install or set up anything (vars/main.yml __sglang_install_steps, __sglang_prepare),
+    tidy the releases or restart is one: after a proof the lock is released; only a write takes it again."""
     release, systemd, sha = answer.get("release") or {}, answer["systemd"], answer["sha256"]
     reasons = (
         (
-            "the command line was not built (the release is not complete)",
+            "the command line was not built",
             not isinstance(answer.get("argv"), dict),
         ),
         ("the unit does not run from the release", not release.get("running")),
         ("the releases are not tidy", not release.get("tidy")),
+        ("the release is not complete", not (release.get("complete") and answer["venv"])),
         ("packages are missing", bool(answer["missing_packages"])),
         ("the service account is not as wanted", not (answer["group_ok"] and answer["user_ok"])),
         ("directories or files are not as wanted", bool(answer["bad_dirs"] or answer["bad_files"])),
@@ -867,18 +876,6 @@ def unsettled(answer):
         ),
     )
     return next((reason for reason, applies in reasons if applies), "")
-
-
-def release_after_proof(module, lock, taken):
-    """Release the lock this call took (a proven host changes nothing after it): its token, or "" (warned)."""
-    try:
-        done, _, message = release_lock(lock["dir"], lock["name"], taken["token"])
-    except (OSError, LockError) as exc:
-        module.warn(failure(lock, exc))
-        return ""
-    if message:
-        module.warn(message)
-    return taken["token"] if done else ""
 
 
 def main():
@@ -1024,12 +1021,11 @@ def main():
         else:
             answer["not_proven"] = unsettled(answer)
             if not answer["not_proven"]:
-                unit = p["unit"] if "." in p["unit"] else p["unit"] + ".service"
-                answer.update(
-                    prove_running(module, unit, p["prove"], answer["argv"], answer["release"]["path"])
-                )
+                unit, release_path = unit_name(p["unit"]), answer["release"]["path"]
+                answer.update(prove_running(module, unit, p["prove"], answer["argv"], release_path))
             if answer["proof"] is not None:
-                answer["released_lock"] = release_after_proof(module, p["lock"], taken)
+                # A proven host changes nothing after this call: its lock goes now.
+                answer["released_lock"] = release_in_call(module, p["lock"], taken["token"])
     module.exit_json(**answer)
 
 

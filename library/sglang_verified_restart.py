@@ -296,9 +296,8 @@ from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
-from ansible.module_utils.sglang_lock import LockError, failure, on_every_end
-from ansible.module_utils.sglang_lock import release as release_lock
-from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_problems
+from ansible.module_utils.sglang_lock import on_every_end, release_in_call
+from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_name, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
@@ -344,8 +343,7 @@ C_ENV = {"LANG": "C", "LC_ALL": "C"}
 def checked_params(module):
     """The parameters, with the unit's suffix; a bad value fails naming the setting."""
     params = dict(module.params)
-    if "." not in params["unit"]:
-        params["unit"] += ".service"
+    params["unit"] = unit_name(params["unit"])
     for name in ("ready_timeout", "poll_interval", "health_timeout"):
         if params[name] <= 0:
             module.fail_json(msg=f"{name} must be > 0 (got {params[name]})")
@@ -368,16 +366,7 @@ def release_at_the_end(module, lock):
     def released(result):
         if result.get("pending"):
             return result
-        token = ""
-        try:
-            done, _, message = release_lock(lock["dir"], lock["name"], lock["token"])
-        except (OSError, LockError) as exc:
-            module.warn(failure(lock, exc))
-        else:
-            token = lock["token"] if done else ""
-            if message:
-                module.warn(message)
-        return dict(result, released_lock=token)
+        return dict(result, released_lock=release_in_call(module, lock, lock["token"]))
 
     on_every_end(module, released)
 

@@ -42,6 +42,11 @@ class SoftModule:
         raise NotProven(msg)
 
 
+def unit_name(unit):
+    """``unit`` with its .service suffix (a bare service name is one)."""
+    return unit if "." in unit else unit + ".service"
+
+
 def unit_problems(unit, props):
     """P7: reasons a restart now would not run the unit file on disk."""
     if not is_loaded(props):

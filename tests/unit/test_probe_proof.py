@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -253,3 +254,52 @@ def test_check_mode_proves_nothing(host, proof_calls, tmp_path, monkeypatch):
     args, _ = converged(tmp_path, monkeypatch, host)
     result = run_probe(monkeypatch, dict(args, _ansible_check_mode=True))
     assert result["proof"] is None and "check mode" in result["not_proven"] and proof_calls["calls"] == []
+
+
+ROLE_VARS_TEXT = (REPO / "roles" / "sglang" / "vars" / "main.yml").read_text()
+
+
+def converged_answer():
+    """What the probe answers for a converged host (its own fields, as unsettled() reads them)."""
+    same = {name: "0" * 64 for name in ("unit", "env", "config", "known_good_unit", "known_good_env")}
+    return {
+        "argv": {"argv": []},
+        "release": {"complete": True, "running": True, "tidy": True, "path": "/r"},
+        "venv": True,
+        "missing_packages": [],
+        "group_ok": True,
+        "user_ok": True,
+        "bad_dirs": [],
+        "bad_files": [],
+        "pending": None,
+        "dropins": [],
+        "modes_ok": {"unit": True, "env": True, "config": True},
+        "sha256": dict(same, known_good_config="0" * 64),
+        "systemd": {"LoadState": "loaded", "UnitFileState": "enabled", "ActiveState": "active"},
+    }
+
+
+def role_var_text(name):
+    match = re.search(rf"^{name}: (.*?)(?=^\S)", ROLE_VARS_TEXT, re.M | re.S)
+    assert match, name
+    return match.group(1)
+
+
+@pytest.mark.parametrize("name", ["__sglang_install_steps", "__sglang_releases_tidy"])
+def test_every_probe_finding_the_role_acts_on_keeps_the_host_unproven(name):
+    """The twin of the role's decisions: each field of the probe's answer that makes the role install, set up
+    or tidy anything (read from vars/main.yml itself) makes the probe's own judgement say "not converged", so
+    no such step ever runs after the probe released the lock."""
+    module = load_module("sglang_host_probe")
+    assert module.unsettled(converged_answer()) == ""
+    fields = sorted(set(re.findall(r"__sglang_probe\.([\w.]+)", role_var_text(name))))
+    assert fields, name
+    for field in fields:
+        answer = converged_answer()
+        *parents, leaf = field.split(".")
+        holder = answer
+        for key in parents:
+            holder = holder[key]
+        value = holder[leaf]
+        holder[leaf] = ["x"] if isinstance(value, list) else (not value if isinstance(value, bool) else "x")
+        assert module.unsettled(answer), f"{name}: the probe's {field} is not one of its reasons"
