@@ -35,11 +35,7 @@ RELEASES = "/opt/sglang/releases"
 # The install marker of the baseline's release (SGLang 0.5.23 from the layer): {} is the release directory.
 MARKER_GLOB_ONE = "{}/sglang-deploy-install.json"
 # The lab requirement list, read the way inventory/lab/group_vars/lab/lab.yml reads it.
-LAB_REQUIREMENTS = [
-    line.strip()
-    for line in (REPO / "lab" / "requirements-sglang-lab.txt").read_text().splitlines()
-    if line.strip() and not line.strip().startswith("#")
-]
+LAB_REQUIREMENTS = re.findall(r"(?m)^[^#\s]\S*", (REPO / "lab" / "requirements-sglang-lab.txt").read_text())
 # Satisfied by the pinned idna of the lab list: pip has nothing to fetch, the wheelhouse has it.
 EXTRA_REQUIREMENT = "idna>=3"
 # A restart in these tests waits for a short stability window (the lab default is 3 s).
@@ -52,13 +48,18 @@ PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
 # parse to do.
 PREFLIGHT_INCLUDE = "Parse and resolve the command line with the host's SGLang (parse.yml)"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
-# roles/sglang/tasks/main.yml includes service.yml (the restart and everything around it) only when a restart
-# was decided or a file written: a run with nothing to restart shows this include skipped.
+# roles/sglang/tasks/main.yml includes apply.yml only when a file is written or a restart follows: a run with
+# nothing to change shows this include skipped, and neither of the two includes of apply.yml below.
+APPLY_INCLUDE = "Write the files and restart SGLang with proof when its configuration changed (apply.yml)"
+# apply.yml includes service.yml (the restart and everything around it) only when a restart was decided or a
+# file written.
 RESTART_INCLUDE = "Restart SGLang with proof when its configuration changed"
-# roles/sglang/tasks/configure.yml includes write.yml (the lock renewal, the router leave, the unit module)
-# only when a file is written or a restart follows.
+# apply.yml includes write.yml (the lock renewal, the router leave, the unit module) only when a file is
+# written or, outside check mode, a restart follows.
 WRITE_INCLUDE = "Renew the lock, leave the router(s) and write the files (write.yml)"
-# roles/sglang/tasks/verify.yml's own proof: skipped when the host probe proved the invocation in its call.
+# roles/sglang/tasks/verify.yml includes its own proof (verify-proof.yml) only when no call of the pass proved
+# the invocation: skipped when the host probe proved it in its call.
+VERIFY_INCLUDE = "Prove the running invocation (verify-proof.yml, in check mode verify-check.yml)"
 VERIFY = "Prove the running invocation is healthy, owns its port and runs the intended arguments"
 RELEASE_LOCK = "Release the deploy lock of the service"
 RETAKE = "Take the deploy lock again for the restart"
@@ -161,10 +162,11 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         r = run(lab_host, "re-run", "-e", "window=4096", extra=FAST_VERIFY)
         ok(r)
         assert "changed=0" in recap(r), recap(r)
-        assert task_status(r, RESTART_INCLUDE) == "skipping", r.stdout[-6000:]
+        assert task_status(r, APPLY_INCLUDE) == "skipping", r.stdout[-6000:]
+        assert task_status(r, RESTART_INCLUDE) is None, r.stdout[-6000:]
         assert task_status(r, RESTART) is None, r.stdout[-6000:]
         # Current and verified: neither the unit module nor the preflight has anything to do.
-        assert task_status(r, WRITE_INCLUDE) == "skipping", r.stdout[-6000:]
+        assert task_status(r, WRITE_INCLUDE) is None, r.stdout[-6000:]
         assert task_status(r, RENDER_UNIT) is None, r.stdout[-6000:]
         assert task_status(r, PREFLIGHT_INCLUDE) == "skipping", r.stdout[-6000:]
         assert task_status(r, PREFLIGHT) is None, r.stdout[-6000:]
@@ -202,10 +204,13 @@ def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_t
     r = run(lab_host, "no change", "-e", "window=2048", extra=FAST_VERIFY)
     ok(r)
     assert "changed=0" in recap(r), recap(r)
-    assert task_status(r, VERIFY) == "skipping" and task_status(r, RELEASE_LOCK) == "skipping", r.stdout[
+    assert task_status(r, VERIFY_INCLUDE) == "skipping" and task_status(r, RELEASE_LOCK) == "skipping", (
+        r.stdout[-6000:]
+    )
+    assert task_status(r, VERIFY) is None, r.stdout[-6000:]
+    assert task_status(r, APPLY_INCLUDE) == "skipping" and task_status(r, WRITE_INCLUDE) is None, r.stdout[
         -6000:
     ]
-    assert task_status(r, WRITE_INCLUDE) == "skipping", r.stdout[-6000:]
     assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
     assert lab_host.state().invocation_id == before.invocation_id
 

@@ -20,9 +20,14 @@ from conftest import REPO, run_playbook
 
 SENTINEL = "sk-sentinel-env-18"
 # What the running-arguments assertion gets as expected_env (vars/main.yml: __sglang_running_args, passed by
-# tasks/verify.yml and tasks/service.yml, and built the same way in the host probe's own proof, install.yml).
+# tasks/verify-proof.yml, tasks/verify-check.yml and tasks/service.yml, and built the same way in the host
+# probe's own proof, install.yml).
 ROLE_VARS = yaml.safe_load((REPO / "roles" / "sglang" / "vars" / "main.yml").read_text())
-VERIFY = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "verify.yml").read_text())
+VERIFY = [
+    task
+    for name in ("verify-proof.yml", "verify-check.yml")
+    for task in yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / name).read_text())
+]
 PLAY = [
     {
         "name": "Render what the sglang role writes and asserts for the service environment",
@@ -185,11 +190,17 @@ def test_the_verification_passes_that_environment():
         == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
     )
     assert "'base': __sglang_running_base" in ROLE_VARS["__sglang_probe_prove"]
-    for task in VERIFY:  # every call of the assertion in verify.yml passes that one dict or its expected_env
+    calls = 0
+    for (
+        task
+    ) in VERIFY:  # every call of the assertion in verify.yml's includes passes that dict or its expected_env
         if "sglang_verified_restart" in task:
             assert task["sglang_verified_restart"]["running_args"] == "{{ __sglang_running_args }}"
+            calls += 1
         if "sglang_running_args" in task:
             assert task["sglang_running_args"]["expected_env"] == "{{ __sglang_running_args.expected_env }}"
+            calls += 1
+    assert calls == 2, "the proof (verify-proof.yml) and the check-mode comparison (verify-check.yml)"
     service = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "service.yml").read_text())
     restart = next(
         t for t in service if "block" in t and any("sglang_verified_restart" in b for b in t["block"])
