@@ -196,10 +196,10 @@ def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_ho
 
 def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_the_lock_again(lab_host):
     """The host probe proves an unchanged host in its own call and releases the deploy lock there: a no-change
-    pass makes no other call to the host (verify.yml's proof and the lock release are skipped). A change the
-    running arguments do not show (a variable of sglang_environment) is proven converged too, then found by
-    the render: the pass takes the lock again (retake.yml), finds the host as the probe did, and restarts
-    verified onto the new environment file."""
+    pass makes no other call to the host (verify.yml's include of its proof and the lock release are
+    skipped). A change the running arguments do not show (a variable of sglang_environment) is proven
+    converged too, then found by the render: the pass takes the lock again (retake.yml), finds the host as
+    the probe did, and restarts verified onto the new environment file."""
     before = lab_host.state()
     r = run(lab_host, "no change", "-e", "window=2048", extra=FAST_VERIFY)
     ok(r)

@@ -190,10 +190,9 @@ def test_the_verification_passes_that_environment():
         == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
     )
     assert "'base': __sglang_running_base" in ROLE_VARS["__sglang_probe_prove"]
+    # Every call of the assertion in verify.yml's includes passes that one dict or its expected_env.
     calls = 0
-    for (
-        task
-    ) in VERIFY:  # every call of the assertion in verify.yml's includes passes that dict or its expected_env
+    for task in VERIFY:
         if "sglang_verified_restart" in task:
             assert task["sglang_verified_restart"]["running_args"] == "{{ __sglang_running_args }}"
             calls += 1
