@@ -29,7 +29,7 @@ from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
 
 # The task arguments, as library/sglang_deploy_report.py documents them.
-ARGS = ("path", "report", "summary_template", "summary_vars")
+ARGS = ("path", "report", "server_info_json", "summary_template", "summary_vars")
 
 
 def write_report(path: str, report: dict) -> None:
@@ -47,6 +47,20 @@ def write_report(path: str, report: dict) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def server_info(text):
+    """The /server_info object of ``server_info_json`` (JSON text, or None when the assertion read none)."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise AnsibleActionFail(
+            f"sglang_deploy_report: server_info_json must be JSON text, got {type(text).__name__}"
+        )
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise AnsibleActionFail(f"sglang_deploy_report: server_info_json is not JSON ({error})") from error
 
 
 def render_summary(templar, loader, template: str, variables: dict) -> list[str]:
@@ -81,6 +95,14 @@ class ActionModule(ActionBase):
             )
         if not isinstance(report, dict):
             raise AnsibleActionFail("sglang_deploy_report: report must be a dict")
+        report = dict(report)
+        if "server_info_json" in args:
+            if "server_info" in report:
+                raise AnsibleActionFail(
+                    "sglang_deploy_report: give the whole /server_info as server_info_json or as "
+                    "report.server_info, not both"
+                )
+            report["server_info"] = server_info(args["server_info_json"])
         if template is not None and (not isinstance(template, str) or not os.path.isabs(template)):
             raise AnsibleActionFail(
                 "sglang_deploy_report: summary_template must be the absolute path of a template"
@@ -94,7 +116,7 @@ class ActionModule(ActionBase):
             result["skipped_reason"] = "check mode writes no report and shows no summary"
             return result
         try:
-            write_report(path, dict(report))
+            write_report(path, report)
         except OSError as error:
             raise AnsibleActionFail(f"sglang_deploy_report: cannot write {path}: {error}") from error
         if template is not None:

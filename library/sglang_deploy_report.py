@@ -30,6 +30,12 @@ options:
     description: The report, written as JSON in the order given (C(written) after C(host)).
     type: dict
     required: true
+  server_info_json:
+    description:
+      - The whole C(/server_info) as JSON text (C(server_info_json), returned by C(sglang_running_args)),
+        written into the report as its C(server_info) object, after the keys of O(report); C(null) when
+        this is null. Not JSON text fails the task, as does a O(report) that has a C(server_info) too.
+    type: str
   summary_template:
     description:
       - Absolute path of a Jinja template on the controller, rendered after the report is written.

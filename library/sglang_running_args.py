@@ -135,8 +135,8 @@ options:
     elements: str
   full_server_info:
     description:
-      - Also return the whole C(/server_info) body the assertion read (RV(server_info), secrets redacted),
-        e.g. for a report file; large (about 550 keys), so off by default.
+      - Also return the whole C(/server_info) body the assertion read (RV(server_info_json), secrets
+        redacted), e.g. for a report file; large (about 550 keys), so off by default.
     type: bool
     default: false
 attributes:
@@ -211,11 +211,15 @@ argv_diff:
   type: list
   elements: str
   sample: ["--enable-metrics: a flag the role did not render is in /proc/98/cmdline (unmanaged)"]
-server_info:
-  description: The whole C(/server_info) body the assertion read, secrets redacted.
+server_info_json:
+  description:
+    - The whole C(/server_info) body the assertion read, secrets redacted, as JSON text.
+    - One string, so that Ansible carries it as one value instead of walking its ~550 keys wherever a
+      variable holding it is templated; C(sglang_deploy_report) (O(server_info_json)) writes it into the
+      report file as an object.
   returned: when O(full_server_info) and the server answered
-  type: dict
-  sample: {"speculative_draft_window_size": 2048, "api_key": "<redacted>", "version": "0.5.23"}
+  type: str
+  sample: '{"speculative_draft_window_size": 2048, "api_key": "<redacted>", "version": "0.5.23"}'
 msg:
   description: Summary; on failure the readable multi-line diff.
   returned: always

@@ -42,7 +42,9 @@ VERIFIED = {
         "read_from": {"port": ["/server_info"], "speculative_draft_window_size": ["/server_info"]},
         "reported": {"server_info": {"port": 30000, "speculative_draft_window_size": 2048}},
         "evidence": {"main_pid": 98},
-        "server_info": {"port": 30000, "speculative_draft_window_size": 2048, SECRET_KEY: "x" * 20000},
+        "server_info_json": json.dumps(
+            {"port": 30000, "speculative_draft_window_size": 2048, SECRET_KEY: "x" * 20000}
+        ),
     },
 }
 
@@ -69,11 +71,8 @@ def task_args(path, template=TEMPLATE, **summary_vars) -> dict:
     """The arguments playbooks/tasks/deploy_report.yml passes, templated."""
     return {
         "path": str(path),
-        "report": {
-            "host": "lab1",
-            "unit": VERIFIED["unit"],
-            "server_info": VERIFIED["running"]["server_info"],
-        },
+        "report": {"host": "lab1", "unit": VERIFIED["unit"]},
+        "server_info_json": VERIFIED["running"]["server_info_json"],
         "summary_template": template,
         "summary_vars": summary_vars or {"host": "lab1", "verified": VERIFIED, "report_file": str(path)},
     }
@@ -113,9 +112,10 @@ def test_one_task_writes_the_report_and_returns_only_the_summary_lines(action, t
     path = tmp_path / "out" / "deploy" / "20261205T120000Z" / "lab1.json"
     act = action(task_args(path))
     result = act.run(task_vars=act.task_vars)
-    # the report: whole, /server_info included
+    # the report: whole, /server_info included, as an object after the report's keys
     body = json.loads(path.read_text())
     assert body["host"] == "lab1" and body["server_info"][SECRET_KEY] == "x" * 20000
+    assert list(body) == ["host", "written", "unit", "server_info"]
     # the result: small, printed by the default callback as a debug task's msg
     assert set(result) == {"changed", "path", "msg", "_ansible_verbose_always"}, sorted(result)
     assert result["changed"] is False and result["path"] == str(path)
@@ -130,6 +130,13 @@ def test_one_task_writes_the_report_and_returns_only_the_summary_lines(action, t
         f"Full report (the whole /server_info and the assertion): {path}",
     ]
     assert SECRET_KEY not in json.dumps(result) and len(json.dumps(result)) < 1000
+
+
+def test_no_server_info_read_is_written_as_null(action, tmp_path):
+    path = tmp_path / "lab1.json"
+    act = action({**task_args(path), "server_info_json": None})
+    act.run(task_vars=act.task_vars)
+    assert json.loads(path.read_text())["server_info"] is None
 
 
 def test_the_summary_reads_its_summary_vars_and_no_task_variable(action, tmp_path):
@@ -182,6 +189,12 @@ def test_the_task_is_skipped_in_check_mode_and_passes_the_three_variables_the_te
         ({"summary_vars": ["host"]}, "summary_vars must be a dict"),
         ({"report": "lab1"}, "report must be a dict"),
         ({"path": ""}, "path .* is required"),
+        ({"server_info_json": "{not json"}, "server_info_json is not JSON"),
+        ({"server_info_json": {"port": 30000}}, "server_info_json must be JSON text, got dict"),
+        (
+            {"report": {"host": "lab1", "server_info": {}}},
+            "server_info_json or as report.server_info, not both",
+        ),
     ],
 )
 def test_wrong_arguments_fail_before_anything_is_written(action, tmp_path, args, error):

@@ -153,7 +153,7 @@ def test_the_summary_is_not_the_whole_server_info(dflash):
 
 def test_the_report_gets_the_whole_server_info_redacted(dflash, monkeypatch, run_module):
     body = json.loads((S / "dflash-2048.json").read_text())
-    full = dflash["server_info"]
+    full = json.loads(dflash["server_info_json"])
     assert set(full) == set(body)
     assert full["api_key"] == "<redacted>" and SENTINEL in body["api_key"]
     assert SENTINEL in json.dumps(body["launch_command"]) and SENTINEL not in json.dumps(full)
@@ -163,7 +163,7 @@ def test_the_report_gets_the_whole_server_info_redacted(dflash, monkeypatch, run
     # other callers (the plan, the sweep) do not carry it
     FakeHost(monkeypatch)
     result, failed = run_module("sglang_running_args", args())
-    assert not failed and "server_info" not in result
+    assert not failed and "server_info_json" not in result
     assert result["reported"]["server_info"] == dflash["reported"]["server_info"]
 
 
@@ -174,7 +174,7 @@ def test_ddtree_summary_environment_knob_runner_lines_and_warnings(monkeypatch, 
     result, failed = run_module("sglang_running_args", ddtree_args(full_server_info=True))
     assert not failed, result["msg"]
     body = json.loads((DD / "server_info.json").read_text())
-    assert set(result["server_info"]) == set(body)
+    assert set(json.loads(result["server_info_json"])) == set(body)
     lines = render(
         verified(
             result,
