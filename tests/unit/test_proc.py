@@ -1,7 +1,15 @@
-"""module_utils/sglang_proc on proc trees copied from lab40 (tests/fixtures/systemd/SOURCE.md)."""
+"""module_utils/sglang_proc on proc trees copied from lab40 (tests/fixtures/systemd/SOURCE.md) and sock_diag
+replies recorded on lab160 (tests/fixtures/sock_diag/SOURCE.md)."""
 
 from __future__ import annotations
 
+import base64
+import errno
+import json
+import os
+import socket
+
+import pytest
 from ansible.module_utils import sglang_proc as sp
 from conftest import FIXTURES
 
@@ -80,3 +88,80 @@ def test_missing_pid_is_none():
     root = str(FIX / "healthy" / "proc")
     assert sp.cgroup_of(99999, root) is None and sp.cmdline(99999, root) is None
     assert sp.start_time_us(99999, root) is None
+
+
+# sock_diag: the listeners of a lab host's own namespace (tests/fixtures/sock_diag/SOURCE.md).
+SOCK_DIAG = json.loads((FIXTURES / "sock_diag" / "lab-host.json").read_text())["listening"]
+
+
+def _diag_rows(family):
+    rows, done = [], False
+    for datagram in SOCK_DIAG["replies"][family]:
+        assert not done, "a datagram after NLMSG_DONE"
+        part, done = sp.parse_diag(base64.b64decode(datagram))
+        rows += part
+    assert done
+    return rows
+
+
+@pytest.mark.parametrize(("family", "number"), [("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)])
+def test_the_sock_diag_request_is_the_recorded_one(family, number):
+    assert sp.diag_request(number) == base64.b64decode(SOCK_DIAG["requests"][family])
+
+
+@pytest.mark.parametrize("family", ["tcp", "tcp6"])
+def test_sock_diag_lists_the_listening_rows_of_the_proc_table(family):
+    proc = [row for row in sp.parse_net_tcp(SOCK_DIAG["proc_net"][family]) if row["state"] == sp.TCP_LISTEN]
+    rows = _diag_rows(family)
+    assert rows and sorted(rows, key=lambda r: r["inode"]) == sorted(proc, key=lambda r: r["inode"])
+
+
+def test_the_recorded_listeners_are_the_lab_server_and_sshd():
+    assert {(r["local_address"], r["local_port"], r["uid"]) for r in _diag_rows("tcp")} == {
+        ("0.0.0.0", 22, 0),
+        ("10.214.0.160", 30000, 999),
+    }
+    assert {(r["local_address"], r["local_port"]) for r in _diag_rows("tcp6")} == {("::", 22)}
+
+
+def test_a_netlink_error_is_an_os_error():
+    with pytest.raises(OSError) as raised:
+        sp.parse_diag(
+            base64.b64decode(
+                json.loads((FIXTURES / "sock_diag" / "lab-host.json").read_text())["error"]["reply"]
+            )
+        )
+    assert raised.value.errno == errno.EINVAL
+
+
+def test_this_hosts_listeners_come_from_sock_diag_without_reading_the_proc_tables(monkeypatch):
+    def unread(path, mode="r"):
+        raise AssertionError(f"{path} read")
+
+    monkeypatch.setattr(sp, "diag_listening", _diag_rows)
+    monkeypatch.setattr(sp, "_read", unread)
+    found = sp.listeners(30000, "10.214.0.160")
+    assert [(f["local_address"], f["family"], f["inode"]) for f in found] == [
+        ("10.214.0.160", "tcp", 1312843)
+    ]
+    assert {f["family"] for f in sp.listeners(22)} == {"tcp", "tcp6"}
+    assert sp.listeners(30000, "10.214.0.161") == []
+
+
+def test_without_sock_diag_the_proc_tables_are_read(monkeypatch):
+    def refused(family):
+        raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
+
+    read = []
+
+    def proc(path, mode="r"):
+        read.append(path)
+        return SOCK_DIAG["proc_net"][os.path.basename(path)]
+
+    monkeypatch.setattr(sp, "diag_listening", refused)
+    monkeypatch.setattr(sp, "_read", proc)
+    found = sp.listeners(30000, "10.214.0.160")
+    assert [(f["local_address"], f["family"], f["inode"]) for f in found] == [
+        ("10.214.0.160", "tcp", 1312843)
+    ]
+    assert read == ["/proc/net/tcp", "/proc/net/tcp6"]
