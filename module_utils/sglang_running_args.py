@@ -397,9 +397,7 @@ def run(module, p):
             raw_sources.append(body)
             reported["server_info"] = managed_view(body, expected)
             if p["full_server_info"]:
-                # One string through Ansible's variables, not ~550 values each walked wherever it is
-                # templated (the role keeps it, the deploy report writes it back as an object).
-                result["server_info_json"] = json.dumps(body)
+                result["server_info"] = body  # returned as server_info_json (check)
             diff += compare(expected, body, f"{path}")
             release = p["expected_release"]
             if release:
@@ -587,4 +585,10 @@ def check(module, p):
             f"{', '.join(sorted(result['reported']))} "
             f"for invocation {result['evidence'].get('invocation_id')}"
         )
-    return redact(result, secrets), problems
+    result = redact(result, secrets)
+    if "server_info" in result:
+        # Redacted as an object (secret-named keys masked), then one string through Ansible's variables, not
+        # ~550 values each walked wherever it is templated (the role keeps it; the deploy report writes it
+        # back as an object).
+        result["server_info_json"] = json.dumps(result.pop("server_info"))
+    return result, problems

@@ -167,6 +167,18 @@ def test_the_report_gets_the_whole_server_info_redacted(dflash, monkeypatch, run
     assert result["reported"]["server_info"] == dflash["reported"]["server_info"]
 
 
+def test_the_whole_server_info_is_redacted_by_key_before_it_becomes_text(monkeypatch, run_module):
+    """A secret-named key whose value is no secret the module was given (an HF token in /server_info) is
+    masked as in the object, not only the known secret values in the text."""
+    body = json.loads((S / "dflash-2048.json").read_text())
+    body["hf_token"] = "hf_" + "q" * 30
+    FakeHost(monkeypatch, http={"/server_info": (200, json.dumps(body).encode())})
+    result, failed = run_module("sglang_running_args", args(full_server_info=True))
+    assert not failed, result["msg"]
+    full = json.loads(result["server_info_json"])
+    assert full["hf_token"] == "<redacted>" and "q" * 30 not in result["server_info_json"]
+
+
 def test_ddtree_summary_environment_knob_runner_lines_and_warnings(monkeypatch, run_module):
     """The recorded lab DDTree deploy: top-k from the running process's environment, the tree budget
     from the DDTree worker line, the build's warning shown; a run that did not restart says so."""
