@@ -170,7 +170,8 @@ attributes:
 notes:
   - C(ExecMainStartTimestampMonotonic) and the module's C(CLOCK_MONOTONIC) come from the same kernel
     clock; containers (systemd-nspawn) share it with the host.
-  - C(/proc/net/tcp) is read in the module's network namespace, which is the server's on a plain host.
+  - The listening sockets are read in the module's network namespace (the kernel's sock_diag dump, as C(ss)
+    reads it; C(/proc/net/tcp) where it is not offered), which is the server's on a plain host.
 """
 
 EXAMPLES = r"""
