@@ -489,6 +489,7 @@ import pwd
 import re
 import stat
 import subprocess
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
@@ -582,7 +583,10 @@ class ReleaseError(Exception):
 
 
 def python_version(python):
-    """major.minor of the Python the release venvs are made with (part of the release key)."""
+    """major.minor of the Python the release venvs are made with (part of the release key): this module's own
+    when it is that same interpreter (the usual case: both are the host's python3), else asked."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return "{}.{}".format(*sys.version_info[:2])
     try:
         proc = subprocess.run(
             [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],

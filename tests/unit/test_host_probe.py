@@ -221,9 +221,9 @@ def test_everything_as_wanted(run_module, host, tmp_path, check_mode):
 def test_release_the_settings_want_is_found_by_its_key_and_complete_only_with_its_marker(
     run_module, host, tmp_path
 ):
-    """With ``release`` the probe asks the system Python for major.minor (this interpreter here), keys the
-    release by it and the wanted install, and probes that directory; a directory whose marker does not name
-    the key (an interrupted build) is not complete."""
+    """With ``release`` the probe takes the system Python's major.minor (its own when it runs under that
+    interpreter, as here; else it asks it), keys the release by it and the wanted install, and probes that
+    directory; a directory whose marker does not name the key (an interrupted build) is not complete."""
     build_good_host(tmp_path)
     release, key, version, wanted, spec = release_beside_venv(tmp_path)
     args = {**want(tmp_path), "release": spec}
@@ -246,6 +246,12 @@ def test_release_the_settings_want_is_found_by_its_key_and_complete_only_with_it
         "sglang_host_probe", dict(args, release=dict(spec, python=str(tmp_path / "no")))
     )
     assert failed and "the Python SGLang releases are made with" in result["msg"]
+    # Another interpreter is asked.
+    other_python = tmp_path / "python3.99"
+    other_python.write_text("#!/bin/sh\necho 3.99\n")
+    other_python.chmod(0o755)
+    result, failed = run_module("sglang_host_probe", dict(args, release=dict(spec, python=str(other_python))))
+    assert not failed and result["release"]["key"].startswith("0.5.23-py3.99-"), result
 
 
 def test_release_tidy_only_when_the_releases_module_would_change_nothing(run_module, host, tmp_path):
