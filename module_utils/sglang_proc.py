@@ -120,12 +120,14 @@ def diag_request(family):
 
 def parse_diag(data):
     """(rows, done) of one sock_diag reply datagram: rows as ``parse_net_tcp`` returns them, done at the
-    dump's end; a netlink error raises OSError."""
+    dump's end; a netlink error, or a message its datagram does not hold whole, raises OSError."""
     rows, offset = [], 0
     while offset + _NLMSG_HEADER.size <= len(data):
         length, kind, _flags, _seq, _pid = _NLMSG_HEADER.unpack_from(data, offset)
-        if length < _NLMSG_HEADER.size:
+        if length < _NLMSG_HEADER.size or offset + length > len(data):
             raise OSError("sock_diag: a malformed netlink message")
+        if kind == _SOCK_DIAG_BY_FAMILY and length < _NLMSG_HEADER.size + _DIAG_MSG.size:
+            raise OSError("sock_diag: a socket message shorter than inet_diag_msg")
         if kind == _NLMSG_DONE:
             return rows, True
         if kind == _NLMSG_ERROR:

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import socket
+import struct
 
 import pytest
 from ansible.module_utils import sglang_proc as sp
@@ -132,6 +133,24 @@ def test_a_netlink_error_is_an_os_error():
             )
         )
     assert raised.value.errno == errno.EINVAL
+
+
+def test_a_cut_reply_is_an_os_error_and_the_proc_tables_are_read_instead(monkeypatch):
+    """A datagram that does not hold its messages whole (as recv cuts one longer than its buffer) is refused,
+    never read past; listeners() then reads the proc tables."""
+    whole = base64.b64decode(SOCK_DIAG["replies"]["tcp"][0])
+    # The recorded datagram less its last 8 bytes; a socket message of 24 bytes (inet_diag_msg alone is 72).
+    short = struct.pack("=IHHII", 24, 20, 2, 1, 0) + bytes(8)
+    for cut in (whole[:-8], short):
+        with pytest.raises(OSError, match="sock_diag"):
+            sp.parse_diag(cut)
+
+    def cut_reply(family):
+        return sp.parse_diag(whole[:-8])[0]
+
+    monkeypatch.setattr(sp, "diag_listening", cut_reply)
+    monkeypatch.setattr(sp, "_read", lambda path, mode="r": SOCK_DIAG["proc_net"][os.path.basename(path)])
+    assert [f["inode"] for f in sp.listeners(30000, "10.214.0.160")] == [1312843]
 
 
 def test_this_hosts_listeners_come_from_sock_diag_without_reading_the_proc_tables(monkeypatch):
