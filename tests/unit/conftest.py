@@ -38,6 +38,7 @@ if str(MODULE_UTILS) not in ansible.module_utils.__path__:
 
 import contextlib
 
+from ansible.module_utils.common import warnings as module_warnings  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
 
 
@@ -68,7 +69,13 @@ def load_module(name):
 
 
 def call_main(module, args):
-    """Run ``module.main()`` with ``args``; return the parsed JSON it printed."""
+    """Run ``module.main()`` with ``args``; return the parsed JSON it printed.
+
+    As in its own process on a host, the run starts with no warning or deprecation recorded: ansible-core
+    keeps them in module globals, and one left by an earlier run in this test process would be returned
+    again."""
+    module_warnings._global_warnings.clear()
+    module_warnings._global_deprecations.clear()
     out = io.StringIO()
     old_stdout = sys.stdout
     sys.stdout = out
