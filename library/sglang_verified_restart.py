@@ -253,7 +253,8 @@ pending:
   sample: false
 progress:
   description: C(elapsed) seconds since the request, C(phase) (latest journal message of the invocation,
-    redacted), C(state) (ActiveState/SubState), C(step) (what the module waits for).
+    redacted; read while the module is still waiting, RV(pending), and on failure; empty once the invocation
+    is verified), C(state) (ActiveState/SubState), C(step) (what the module waits for).
   returned: always
   type: dict
   sample: {elapsed: 61.2, phase: "Load weight end. mem usage=12.3 GB", state: active/running, step: ready}

@@ -134,6 +134,8 @@ def test_healthy_restart_accepts_only_the_new_invocation(monkeypatch):
     assert t["stable"] - t["ready"] >= 2  # the stability window really elapsed
     assert res["baseline"]["streak"] >= 3
     assert ["restart", "--no-block", "--", "vr-healthy.service"] in replay.commands
+    # Verified: no journal read for the phase of a caller no longer waiting (no running_args here, so none).
+    assert res["progress"]["phase"] == "" and not [c for c in replay.commands if "-o" in c]
 
 
 def test_old_invocation_is_never_accepted(monkeypatch):
