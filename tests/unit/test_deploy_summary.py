@@ -168,15 +168,17 @@ def test_the_report_gets_the_whole_server_info_redacted(dflash, monkeypatch, run
 
 
 def test_the_whole_server_info_is_redacted_by_key_before_it_becomes_text(monkeypatch, run_module):
-    """A secret-named key whose value is no secret the module was given (an HF token in /server_info) is
-    masked as in the object, not only the known secret values in the text."""
+    """Secret-named keys whose values are no secret the module was given are masked by their names, as in the
+    object: an HF token, and a numeric password, which no pattern of the text redaction would find in JSON."""
     body = json.loads((S / "dflash-2048.json").read_text())
     body["hf_token"] = "hf_" + "q" * 30
+    body["ssl_keyfile_password"] = 987654321987
     FakeHost(monkeypatch, http={"/server_info": (200, json.dumps(body).encode())})
     result, failed = run_module("sglang_running_args", args(full_server_info=True))
     assert not failed, result["msg"]
     full = json.loads(result["server_info_json"])
-    assert full["hf_token"] == "<redacted>" and "q" * 30 not in result["server_info_json"]
+    assert full["hf_token"] == full["ssl_keyfile_password"] == "<redacted>"
+    assert "q" * 30 not in result["server_info_json"] and "987654321987" not in result["server_info_json"]
 
 
 def test_ddtree_summary_environment_knob_runner_lines_and_warnings(monkeypatch, run_module):
