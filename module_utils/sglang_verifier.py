@@ -234,9 +234,9 @@ class Verifier:
         }
         res.update(extra)
         if "progress" not in res:
-            # The phase (the invocation's latest log line) is for a caller still waiting: the action plugin prints
-            # it after a pending slice. A verified invocation's is not read - the running-arguments check of the
-            # same call reads its journal already.
+            # The phase (the invocation's latest log line) is for a caller still waiting: the action plugin
+            # prints it after a pending slice. A verified invocation's is not read - the running-arguments
+            # check of the same call reads its journal already.
             res["progress"] = self.progress(now_us, None if res["pending"] else [])
         return res
 
