@@ -83,12 +83,12 @@ def patch_tools(monkeypatch, replay):
     monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda _self, name, **_kw: f"/usr/bin/{name}")
 
 
-def run(monkeypatch, replay, args, tree=None):
+def run(monkeypatch, replay, args, tree=None, threaded=False):
     mod = load_module("sglang_verified_restart")
     monkeypatch.setattr(worker, "clock_us", replay.now_us)
     monkeypatch.setattr(worker, "pause", replay.sleep)
     monkeypatch.setattr(worker, "http_status", replay.http_status)
-    monkeypatch.setattr(worker.HealthProbe, "threaded", False)
+    monkeypatch.setattr(worker.HealthProbe, "threaded", threaded)
     monkeypatch.setattr(worker, "boottime_offset_us", lambda: 0)
     patch_tools(monkeypatch, replay)
     base = FIX / (tree or "stale-after")
@@ -413,6 +413,26 @@ def test_verify_running_without_restart(monkeypatch):
     assert not res.get("failed"), res["msg"]
     assert not res["changed"] and res["main_pid"] == 554
     assert not any(c[0] in ("restart", "start") for c in replay.commands)
+
+
+def test_one_answer_that_came_in_before_the_budget_check_is_read(monkeypatch):
+    """The host probe's proof (budget 0, one answer): a health request that finishes between the poll that
+    started it and the budget's check (a fast answer on a busy host) is read, not given up as pending."""
+    replay = Replay(initial="healthy/show.txt")
+    replay.ready_at_us = 0
+    original = worker.HealthProbe.poll
+
+    def poll_then_answer(probe):
+        answer = original(probe)
+        if answer is None:
+            probe._thread.join()  # the answer arrives before run() looks at the request again
+        return answer
+
+    monkeypatch.setattr(worker.HealthProbe, "poll", poll_then_answer)
+    args = {"unit": "vr-healthy", "port": 18001, "restart": False, "health_count": 1, "budget": 0}
+    res = run(monkeypatch, replay, dict(args, stable_seconds=0), tree="healthy", threaded=True)
+    assert not res.get("failed") and not res["pending"], res["msg"]
+    assert res["main_pid"] == 554 and "1 health answers" in res["msg"]
 
 
 def test_verify_running_refuses_a_dead_unit(monkeypatch):
