@@ -2,16 +2,17 @@
 """Wall time of the rolling deploy through the router (issue 17) on lab GPU hosts behind a lab router.
 
 Three figures, printed (asserts nothing):
-  1. the same window change (4096 -> 2048, both windows deployed once before on every host, so no parse is
-     cached in one rollout and not in the other) rolled through 2 hosts, then through 3 others
-     (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time beyond the sum of each host's drain (the
-     "drained in X s" the run reports: from the router's DELETE until the worker is idle) and server
-     restart (restart request -> ready: the old process stops, the new one starts and loads; the verified
-     restart's timings in the host's history), in total and per host, the stability window
-     (sglang_stable_seconds) shown apart; and what one more host adds beyond its drain + restart (the
+  1. the same window change (4096 -> 2048, then back in the next pair; both windows deployed once before on
+     every host, so no parse is cached in one rollout and not in the other) rolled through 2 hosts, then
+     through 3 others, --rollouts times (playbooks/sglang.yml, sglang_rollout_batch 1): the wall time beyond
+     the sum of each host's drain (the "drained in X s" the run reports: from the router's DELETE until the
+     worker is idle) and server restart (restart request -> ready: the old process stops, the new one starts
+     and loads; the verified restart's timings in the host's history), in total and per host, the stability
+     window (sglang_stable_seconds) shown apart; and what one more host adds beyond its drain + restart (the
      3-host figure minus the 2-host one: the run's fixed part - Ansible's start, the first play over all
-     hosts at once - cancels out; target <= 5 s per host). Both rollouts have at least 2 hosts, so both go
-     through the rolling play (one host is deployed by the first play alone);
+     hosts at once - cancels out), pair by pair and their median (target <= 5 s per host). Both rollouts
+     have at least 2 hosts, so both go through the rolling play (one host is deployed by the first play
+     alone);
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts, interleaved --runs times, the fastest
      of each (target: 4 hosts <= 1.5x 1 host), each round's own 4-host / 1-host ratio and their median, and
      the machine's speed over the rounds (CPU seconds of a fixed loop before each);
@@ -224,6 +225,12 @@ def main() -> int:
     parser.add_argument(
         "--runs", type=int, default=5, help="no-change rounds of 1, 2, 4 hosts (the fastest is shown)"
     )
+    parser.add_argument(
+        "--rollouts",
+        type=int,
+        default=3,
+        help="pairs of rollouts, 2 hosts then 3 others (the median is shown)",
+    )
     args = parser.parse_args()
     bench = Bench(args.first_index)
     up = [str(LABCTL), "up", "--sglang-layer", "--hosts", str(GPU_HOSTS), "--routers", "1"]
@@ -233,15 +240,25 @@ def main() -> int:
         bench.play("deploy.yml", "-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
         bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
         # The same change rolled through 2 hosts, then through 3 others: what a host adds to the rollout
-        # beyond its own drain + restart is the difference (the run's fixed part cancels out).
-        two, two_stable = rollout(bench, bench.gpu[:2], 2048)
-        three, three_stable = rollout(bench, bench.gpu[2:5], 2048)
-        more, more_stable = three - two, three_stable - two_stable
+        # beyond its own drain + restart is the difference (the run's fixed part cancels out). A difference
+        # of two runs of 25-40 s moves by a second or more between pairs here, so --rollouts pairs, the
+        # window changing 4096 -> 2048 and back, and their median.
+        margins = []
+        for pair in range(args.rollouts):
+            window = 2048 if pair % 2 == 0 else 4096
+            two, two_stable = rollout(bench, bench.gpu[:2], window)
+            three, three_stable = rollout(bench, bench.gpu[2:5], window)
+            more, more_stable = three - two, three_stable - two_stable
+            margins.append(more - more_stable)
+            print(
+                f"  what one more host adds beyond its drain + restart (3 hosts - 2 hosts): {more:.1f} s, of "
+                f"which its stability window (sglang_stable_seconds 3) {more_stable:.1f} s; without it "
+                f"{more - more_stable:.1f} s. The fixed part of a rollout: {3 * two - 2 * three:.1f} s"
+            )
         print(
-            f"  what one more host adds beyond its drain + restart (3 hosts - 2 hosts): {more:.1f} s, of "
-            f"which its stability window (sglang_stable_seconds 3) {more_stable:.1f} s; without it "
-            f"{more - more_stable:.1f} s (target <= 5 s). The fixed part of a rollout: "
-            f"{3 * two - 2 * three:.1f} s"
+            f"one more host beyond its drain + restart, without its stability window, pair by pair: "
+            f"{', '.join(f'{m:.1f}' for m in margins)} s (median {statistics.median(margins):.1f} s; "
+            "target <= 5 s)"
         )
         # All hosts on window 4096 again (not measured), then no-change runs on 1, 2 and 4 of them.
         bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
