@@ -17,7 +17,8 @@ Three figures, printed (asserts nothing):
      of each (target: 4 hosts <= 1.5x 1 host), each round's own 4-host / 1-host ratio and their median, and
      the machine's speed over the rounds (CPU seconds of a fixed loop before each);
   3. the floor of that ratio on this machine: a play of as many tasks per host that do nothing (2 of them
-     module runs, as in the no-change run), on 1 and 4 of the same hosts.
+     module runs, as in the no-change run), on 1 and 4 of the same hosts, --runs rounds: the fastest of each
+     and the median of the rounds' own ratios.
 With each no-change figure, the CPU seconds it took: the controller's (ansible-playbook and its workers) and
 the lab hosts' (their cgroups: the modules, sshd, the lab servers), and how many of the machine's cores that
 kept busy on average over the run's wall time - the lab hosts share the controller's cores here, where a
@@ -201,9 +202,11 @@ def floor(bench: Bench, no_change_out: str, runs: int) -> None:
                 cpus[n].append(bench.cpu)
     one, four = min(walls[1]), min(walls[4])
     controller, lab = cpus[4][walls[4].index(four)]
+    rounds = statistics.median(b / a for a, b in zip(walls[1], walls[4]))
     print(
         f"floor: {tasks} tasks per host that do nothing (2 of them pings): 1 host {one:.1f} s, "
-        f"4 hosts {four:.1f} s ({four / one:.2f}x); the 4-host run's CPU: controller {controller:.1f} s"
+        f"4 hosts {four:.1f} s ({four / one:.2f}x; the rounds' own ratios, median {rounds:.2f}x); "
+        f"the 4-host run's CPU: controller {controller:.1f} s"
         + ("" if lab is None else f" + lab hosts {lab:.1f} s")
     )
 
