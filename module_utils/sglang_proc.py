@@ -150,18 +150,26 @@ def parse_diag(data):
     return rows, False
 
 
+def diag_rows(datagrams):
+    """The rows of one sock_diag dump from its reply datagrams (an iterable), up to its NLMSG_DONE; OSError
+    when they end before it."""
+    rows = []
+    for data in datagrams:
+        part, done = parse_diag(data)
+        rows += part
+        if done:
+            return rows
+    raise OSError("sock_diag: the dump ended without NLMSG_DONE")
+
+
 def diag_listening(family):
     """The LISTEN TCP sockets of ``family`` ("tcp", "tcp6") from sock_diag; OSError when the kernel (or a
     sandbox) does not offer it."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as sock:
         sock.settimeout(5)
         sock.sendto(diag_request(_DIAG_FAMILIES[family]), (0, 0))
-        rows = []
-        while True:
-            part, done = parse_diag(sock.recv(1 << 16))
-            rows += part
-            if done:
-                return rows
+        # recv never returns None: datagrams until the dump's end (or the timeout, an OSError).
+        return diag_rows(iter(lambda: sock.recv(1 << 16), None))
 
 
 def listening_rows(family, root="/proc"):

@@ -92,17 +92,17 @@ def test_missing_pid_is_none():
 
 
 # sock_diag: the listeners of a lab host's own namespace (tests/fixtures/sock_diag/SOURCE.md).
-SOCK_DIAG = json.loads((FIXTURES / "sock_diag" / "lab-host.json").read_text())["listening"]
+RECORDED = json.loads((FIXTURES / "sock_diag" / "lab-host.json").read_text())
+SOCK_DIAG = RECORDED["listening"]
+
+
+def _replies(family):
+    return [base64.b64decode(datagram) for datagram in SOCK_DIAG["replies"][family]]
 
 
 def _diag_rows(family):
-    rows, done = [], False
-    for datagram in SOCK_DIAG["replies"][family]:
-        assert not done, "a datagram after NLMSG_DONE"
-        part, done = sp.parse_diag(base64.b64decode(datagram))
-        rows += part
-    assert done
-    return rows
+    """The recorded dump read as diag_listening reads the kernel's replies."""
+    return sp.diag_rows(_replies(family))
 
 
 @pytest.mark.parametrize(("family", "number"), [("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)])
@@ -127,18 +127,22 @@ def test_the_recorded_listeners_are_the_lab_server_and_sshd():
 
 def test_a_netlink_error_is_an_os_error():
     with pytest.raises(OSError) as raised:
-        sp.parse_diag(
-            base64.b64decode(
-                json.loads((FIXTURES / "sock_diag" / "lab-host.json").read_text())["error"]["reply"]
-            )
-        )
+        sp.parse_diag(base64.b64decode(RECORDED["error"]["reply"]))
     assert raised.value.errno == errno.EINVAL
+
+
+@pytest.mark.parametrize("family", ["tcp", "tcp6"])
+def test_a_dump_whose_replies_end_before_nlmsg_done_is_an_os_error(family):
+    """The recorded dump without its last datagram (the NLMSG_DONE); the rows before it are not taken."""
+    assert sp.parse_diag(_replies(family)[-1]) == ([], True)
+    with pytest.raises(OSError, match="without NLMSG_DONE"):
+        sp.diag_rows(_replies(family)[:-1])
 
 
 def test_a_cut_reply_is_an_os_error_and_the_proc_tables_are_read_instead(monkeypatch):
     """A datagram that does not hold its messages whole (as recv cuts one longer than its buffer) is refused,
     never read past; listeners() then reads the proc tables."""
-    whole = base64.b64decode(SOCK_DIAG["replies"]["tcp"][0])
+    whole = _replies("tcp")[0]
     # The recorded datagram less its last 8 bytes; a socket message of 24 bytes (inet_diag_msg alone is 72).
     short = struct.pack("=IHHII", 24, 20, 2, 1, 0) + bytes(8)
     for cut in (whole[:-8], short):
