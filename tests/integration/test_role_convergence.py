@@ -49,7 +49,7 @@ PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
 PREFLIGHT_INCLUDE = "Parse and resolve the command line with the host's SGLang (parse.yml)"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
 # roles/sglang/tasks/main.yml includes apply.yml only when a file is written or a restart follows: a run with
-# nothing to change shows this include skipped, and neither of the two includes of apply.yml below.
+# nothing to change ends the role before it (configure.yml), and before the parse and verify.yml.
 APPLY_INCLUDE = "Write the files and restart SGLang with proof when its configuration changed (apply.yml)"
 # apply.yml includes service.yml (the restart and everything around it) only when a restart was decided or a
 # file written.
@@ -58,10 +58,11 @@ RESTART_INCLUDE = "Restart SGLang with proof when its configuration changed"
 # written or, outside check mode, a restart follows.
 WRITE_INCLUDE = "Renew the lock, leave the router(s) and write the files (write.yml)"
 # roles/sglang/tasks/verify.yml includes its own proof (verify-proof.yml) only when no call of the pass proved
-# the invocation: skipped when the host probe proved it in its call.
+# the invocation.
 VERIFY_INCLUDE = "Prove the running invocation (verify-proof.yml, in check mode verify-check.yml)"
 VERIFY = "Prove the running invocation is healthy, owns its port and runs the intended arguments"
 RELEASE_LOCK = "Release the deploy lock of the service"
+KEEP = "Keep the running-arguments assertion of this invocation"
 RETAKE = "Take the deploy lock again for the restart"
 LOCK_DIR = "/run/sglang-deploy"
 
@@ -79,6 +80,19 @@ def task_status(r, name: str) -> str | None:
     """The first status word ("ok", "changed", "skipping", ...) printed under TASK [sglang : name]."""
     m = re.search(r"TASK \[sglang : " + re.escape(name) + r"\][^\n]*\n(?:[^\n]*\n)*?(\w+): \[", r.stdout)
     return m.group(1) if m else None
+
+
+def assert_role_ended_converged(r) -> None:
+    """A pass on a host with nothing to change: the running-arguments assertion the host probe's call proved
+    is kept, and the role ends there (configure.yml, meta end_role): no task of the changing path is
+    evaluated, not even as a skipped one (the parse, the write and restart, the proof, the lock release)."""
+    assert task_status(r, KEEP) == "ok", r.stdout[-6000:]
+    changing_path = (PREFLIGHT_INCLUDE, APPLY_INCLUDE, WRITE_INCLUDE, RESTART_INCLUDE, VERIFY_INCLUDE)
+    for name in (*changing_path, RELEASE_LOCK):
+        assert task_status(r, name) is None, (name, r.stdout[-6000:])
+    # The play's report follows (playbooks/tasks/deploy_report.yml), with what the probe's call proved.
+    report = r"TASK \[Show the verified running arguments and write the full report\][^\n]*\nok: \["
+    assert re.search(report, r.stdout), r.stdout[-6000:]
 
 
 def requirements_sha256(requirements: list[str]) -> str:
@@ -158,17 +172,15 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         assert f"the unit on disk is not the one last verified ({KNOWN_GOOD_UNIT})" in record["reasons"]
         assert lab_host.read_bytes(KNOWN_GOOD_UNIT) == interrupted
 
-        # Converged: the same run again changes nothing and restarts nothing.
+        # Converged: the same run again changes nothing and restarts nothing. Current and verified: the role
+        # ends after the restart decision (configure.yml), so neither the write and restart nor the preflight
+        # is even evaluated.
         r = run(lab_host, "re-run", "-e", "window=4096", extra=FAST_VERIFY)
         ok(r)
         assert "changed=0" in recap(r), recap(r)
-        assert task_status(r, APPLY_INCLUDE) == "skipping", r.stdout[-6000:]
-        assert task_status(r, RESTART_INCLUDE) is None, r.stdout[-6000:]
+        assert_role_ended_converged(r)
         assert task_status(r, RESTART) is None, r.stdout[-6000:]
-        # Current and verified: neither the unit module nor the preflight has anything to do.
-        assert task_status(r, WRITE_INCLUDE) is None, r.stdout[-6000:]
         assert task_status(r, RENDER_UNIT) is None, r.stdout[-6000:]
-        assert task_status(r, PREFLIGHT_INCLUDE) == "skipping", r.stdout[-6000:]
         assert task_status(r, PREFLIGHT) is None, r.stdout[-6000:]
         assert lab_host.state() == after
     finally:
@@ -204,13 +216,8 @@ def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_t
     r = run(lab_host, "no change", "-e", "window=2048", extra=FAST_VERIFY)
     ok(r)
     assert "changed=0" in recap(r), recap(r)
-    assert task_status(r, VERIFY_INCLUDE) == "skipping" and task_status(r, RELEASE_LOCK) == "skipping", (
-        r.stdout[-6000:]
-    )
+    assert_role_ended_converged(r)
     assert task_status(r, VERIFY) is None, r.stdout[-6000:]
-    assert task_status(r, APPLY_INCLUDE) == "skipping" and task_status(r, WRITE_INCLUDE) is None, r.stdout[
-        -6000:
-    ]
     assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
     assert lab_host.state().invocation_id == before.invocation_id
 
