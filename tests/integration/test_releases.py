@@ -13,8 +13,8 @@ deployed as sglang.service on port 30000. Tests run top to bottom, sharing the d
   3. a weights revision change: the target checkpoint's new revision in its own directory
      (<name>/<revision>/, REVISION file, pinned in model_weights_models): the weights play checks it, the
      server restarts onto it (/server_info model_path), the old directory stays;
-  4. back to the baseline (A, the old model directory) with sglang_releases_keep: 1: B is removed, A stays
-     (the running and known-good one, although the oldest);
+  4. back to the baseline (A, the old model directory), then sglang_releases_keep: 1 in a pass with nothing
+     else to do: B is removed, A stays (the running and known-good one, although the oldest);
   5. A's marker moved away by hand: the run refuses to rebuild the release the server runs from.
 The module fixture restores the baseline if a test stopped half-way.
 """
@@ -185,12 +185,20 @@ def test_weights_revision_change_restarts_onto_the_new_directory(lab_host, share
 def test_keep_one_release_removes_the_old_one_never_the_running_one(lab_host, shared):
     b = shared.get("b") or pytest.skip("release B was not built")
     a = shared["a"]
+    # Back to the baseline (A, the old model directory): B stays (sglang_releases_keep 3).
+    r = lab_host.playbook("-e", "window=2048", extra=FAST, playbook="playbooks/sglang.yml")
+    assert r.returncode == 0, flat(r)[-6000:]
+    now = running(lab_host)
+    assert now["argv0"] == f"{a}/bin/python" and now["version"] == "0.5.23" and now["model"] == OLD_MODEL
+    assert sorted(releases(lab_host)) == sorted([Path(a).name, Path(b).name])
+    # sglang_releases_keep 1 on that host: nothing to write or restart, yet the pass goes on to the releases
+    # (a host ends the role early only when they are tidy: roles/sglang/vars/main.yml __sglang_converged).
+    invocation = lab_host.state().invocation_id
     r = lab_host.playbook(
         "-e", "window=2048", extra=dict(FAST, sglang_releases_keep=1), playbook="playbooks/sglang.yml"
     )
     assert r.returncode == 0, flat(r)[-6000:]
-    now = running(lab_host)
-    assert now["argv0"] == f"{a}/bin/python" and now["version"] == "0.5.23" and now["model"] == OLD_MODEL
+    assert lab_host.state().invocation_id == invocation, "nothing to restart"
     assert releases(lab_host) == [Path(a).name], "B (neither running nor known-good) must be gone, A kept"
     assert lab_host.ssh(f"test -e {b} || echo gone").stdout.strip() == "gone"
     lab_host.ssh(f"rm -rf {Path(NEW_MODEL).parent}")
