@@ -6,13 +6,20 @@ base's own role argument specs, before it is written into the base tree:
 
 - plain YAML only: no inventory plugin (`plugin:` runs code), no tag but `!vault` and `!unsafe`, no
   executable file (ansible would run it as an inventory script);
+- every host it adds or changes has a plain name (tools/gitops/names.py: never a path, an option or a
+  pattern), whether it comes from an inventory's `hosts:` or a `host_vars/<host>.yml` file name;
 - every variable the pull request adds or changes (a variable whose value is the base's is the
   base's) must be data: no Jinja (`{{`, `{%`, `{#`: a template is code that runs on the
-  controller), and no connection or privilege setting (`ansible_*` but `ansible_host` and
-  `ansible_port`: a `ProxyCommand`, an interpreter or `ansible_connection: local` run commands);
-- a variable named like a role's (`sglang_`, `sglang_pull_`, `nvidia_driver_`, `cuda_toolkit_`,
-  `model_weights_`) must be one of that role's options, with its type and choices (ansible-core's
-  ArgumentSpecValidator, as the role's own validation), or is refused naming the closest option.
+  controller), and no connection or privilege setting but the allowlist of names.CONNECTION
+  (`ansible_host`, `ansible_port`, `ansible_user`, `ansible_become`, each with its value checked: a
+  `ProxyCommand`, an interpreter or `ansible_connection: local` run commands);
+- any other variable must be an option of a role's argument spec (the base's
+  `roles/<role>/meta/argument_specs.yml`) or one of playbooks/gpu.yml's documented settings, with its type
+  and choices (ansible-core's ArgumentSpecValidator, as the role's own validation); anything else - an
+  unprefixed name, an internal `_`/`__` value such as `__sglang_rolling` that would skip a role's checks
+  in an apply - is refused naming the variable and the file (the closest option when it has a role's prefix);
+- `sglang_environment` may not add or change an entry that would make the plan's parse (the host's
+  SGLang, run with that environment) load other code or go online (OFFLINE_ENV, CODE_ENV).
 
 Every file is classified as data, inert (docs, tests, lab tooling: the plan never runs them) or
 code (everything else: playbooks, roles, library, module_utils, action_plugins, callback_plugins,
@@ -27,13 +34,41 @@ import difflib
 import re
 from pathlib import PurePosixPath
 
+import names
 import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 DATA_SUFFIXES = (".yml", ".yaml")
 INERT_PREFIXES = ("docs/", "tests/", "lab/", "bench/", "molecule/", "out/")
 INERT_NAMES = (".gitignore", "LICENSE", ".yamllint", ".ansible-lint")
-CONNECTION_OK = {"ansible_host", "ansible_port"}
+CONNECTION_OK = names.CONNECTION
+# playbooks/gpu.yml's inventory settings (its header), typed as an argument spec would: no role's options, but
+# what every site copied from inventory/sample sets. Not nvidia_gpu_check_nvidia_smi: a program root runs.
+PLAYBOOK_OPTIONS = {
+    "nvidia_gpu_check_enabled": {"type": "bool"},
+    "nvidia_gpu_check_expected_count": {"type": "int"},
+    "nvidia_gpu_check_expected_model": {"type": "str"},
+    "nvidia_gpu_check_min_driver": {"type": "str"},
+    "nvidia_gpu_check_expected_compute_cap": {"type": "str"},
+    "nvidia_nccl_p2p_disable": {"type": "bool"},
+    "nvidia_nccl_p2p_reason": {"type": "str"},
+}
+# The plan's inspection runs with these set to 1 (playbooks/plan.yml): the host's SGLang parses the pull
+# request's command line with the Hugging Face libraries offline.
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+# Entries of sglang_environment that would make that parse run other code or fetch from elsewhere.
+CODE_ENV = (
+    *OFFLINE_ENV,
+    "HF_ENDPOINT",
+    "HF_MODULES_CACHE",
+    "LD_AUDIT",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONHOME",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+)
 JINJA = re.compile(r"\{\{|\{%|\{#")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INVENTORY_KEYS = {"hosts", "vars", "children"}
@@ -138,17 +173,23 @@ def role_specs(role_spec_texts: dict[str, str]) -> dict[str, dict]:
 
 
 def _check_option(path: str, where: str, name: str, value, specs: dict[str, dict]) -> None:
-    prefixes = sorted(specs, key=len, reverse=True)
-    role = next((r for r in prefixes if name.startswith(r + "_")), None)
-    if role is None:
-        return
-    options = specs[role]
-    if name not in options:
-        close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.7)
-        hint = f"; did you mean {close[0]}?" if close else ""
+    """`name` must be an option of a role (or PLAYBOOK_OPTIONS), and `value` of its type and choices."""
+    owner = next((r for r in sorted(specs) if name in specs[r]), None)
+    options = specs[owner] if owner else PLAYBOOK_OPTIONS if name in PLAYBOOK_OPTIONS else None
+    if options is None:
+        prefixes = sorted(specs, key=len, reverse=True)
+        role = next((r for r in prefixes if name.startswith(r + "_")), None)
+        if role is not None:
+            close = difflib.get_close_matches(name, list(specs[role]), n=1, cutoff=0.7)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise DataError(
+                f"{path}: {where}{name} is not an option of the role {role} "
+                f"(roles/{role}/meta/argument_specs.yml){hint}"
+            )
         raise DataError(
-            f"{path}: {where}{name} is not an option of the role {role} "
-            f"(roles/{role}/meta/argument_specs.yml){hint}"
+            f"{path}: {where}{name} is not an option of any role (roles/*/meta/argument_specs.yml) nor a "
+            f"connection variable ({', '.join(sorted(CONNECTION_OK))}): a pull request's data may set only "
+            "those; anything else (an internal _ or __ value included) needs review and an apply"
         )
     if isinstance(value, _Opaque) or value is None:
         return
@@ -156,6 +197,31 @@ def _check_option(path: str, where: str, name: str, value, specs: dict[str, dict
     result = ArgumentSpecValidator({name: spec}).validate({name: value})
     if result.error_messages:
         raise DataError(f"{path}: {where}{name}: {'; '.join(result.error_messages)}")
+
+
+def _check_environment(path: str, where: str, value, base) -> None:
+    """sglang_environment: no added or changed entry of CODE_ENV (the plan parses with this environment)."""
+    if not isinstance(value, dict):
+        return
+    base = base if isinstance(base, dict) else {}
+    for key in sorted(str(k) for k in value):
+        if key in CODE_ENV and (key not in base or base[key] != value[key]):
+            raise DataError(
+                f"{path}: {where}sglang_environment: {key} would change what the plan's parse of the "
+                "command line runs or fetches (the plan runs the host's SGLang with this environment, "
+                "offline and with no code but its own): it needs review and an apply"
+            )
+
+
+def _check_connection(path: str, where: str, name: str, value) -> None:
+    if name not in CONNECTION_OK:
+        raise DataError(
+            f"{path}: {where}{name} is a connection or privilege setting: a pull request cannot change "
+            f"it in a plan (only {', '.join(sorted(CONNECTION_OK))}); it needs review and an apply"
+        )
+    problem = None if isinstance(value, _Opaque) else CONNECTION_OK[name](value)
+    if problem:
+        raise DataError(f"{path}: {where}{name}: {problem}")
 
 
 def check_file(path: str, head_text: str, base_text: str | None, specs: dict[str, dict]) -> list[str]:
@@ -167,23 +233,27 @@ def check_file(path: str, head_text: str, base_text: str | None, specs: dict[str
         key = (scope, name)
         if key in base_vars and base_vars[key] == value and type(base_vars[key]) is type(value):
             continue
+        if scope[0] == "host":
+            problem = names.host_name_problem(scope[1])
+            if problem:
+                raise DataError(f"{path}: {problem}")
         where = f"{scope[0]} {scope[1]}: " if scope[1] else ""
         if name == "":
             changed.append(f"{scope[0]} {scope[1]} added")
             continue
         if not NAME.match(name):
             raise DataError(f"{path}: {where}{name!r} is not a variable name")
-        if name.startswith("ansible_") and name not in CONNECTION_OK:
-            raise DataError(
-                f"{path}: {where}{name} is a connection or privilege setting: a pull request cannot change "
-                f"it in a plan (only {', '.join(sorted(CONNECTION_OK))}); it needs review and an apply"
-            )
         for text in _strings(value):
             if JINJA.search(text):
                 raise DataError(
                     f"{path}: {where}{name} holds a Jinja template ({text[:60]!r}): templates in data are "
                     "code that runs on the controller; a pull request's data must be literal values"
                 )
-        _check_option(path, where, name, value, specs)
+        if name.startswith("ansible_"):
+            _check_connection(path, where, name, value)
+        else:
+            _check_option(path, where, name, value, specs)
+            if name == "sglang_environment":
+                _check_environment(path, where, value, base_vars.get(key))
         changed.append(f"{where}{name}")
     return changed

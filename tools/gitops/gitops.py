@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import names
+
 PLAN_MARKER = "<!-- sglang-gitops-plan -->"
 DRIFT_MARKER = "<!-- sglang-gitops-drift -->"
 # GitHub refuses comment and issue bodies over 65536 characters.
@@ -189,7 +191,17 @@ def inventory_hosts(
         group = data.get(todo.pop(), {})
         hosts += group.get("hosts", [])
         todo += group.get("children", [])
+    for host in hosts:
+        valid_host(host, f"ansible-inventory -i {inventory}")
     return sorted(set(hosts))
+
+
+def valid_host(host, where: str) -> str:
+    """`host` when it is a plain host name (tools/gitops/names.py), before any path is built from it."""
+    problem = names.host_name_problem(host)
+    if problem:
+        raise GitopsError(f"{where}: {problem}")
+    return host
 
 
 def failure_lines(logtext: str, host: str) -> str:
@@ -334,7 +346,7 @@ def fmt(value) -> str:
 def collect(report_dir: Path, hosts: list[str], logtext: str, rc: int) -> dict[str, dict]:
     reports = {}
     for host in hosts:
-        path = report_dir / f"{host}.json"
+        path = report_dir / f"{valid_host(host, 'report')}.json"
         if path.exists():
             reports[host] = json.loads(path.read_text())
         else:
@@ -673,7 +685,7 @@ def plan_connection(args) -> dict:
     """Extra variables (the highest precedence: no inventory can override them) that make ansible connect
     as the plan account, never root and without become (docs/gitops.md, trust model)."""
     user = getattr(args, "plan_user", None) or DEFAULT_PLAN_USER
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user) or user == "root":
+    if names.account_problem(user) or user == "root":
         raise GitopsError(f"--plan-user {user!r}: not a non-root account name")
     out = {"ansible_user": user, "ansible_become": False}
     key = getattr(args, "private_key", None)
