@@ -12,9 +12,11 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "sglang_pull" / "files" / "sglang-pull"
@@ -56,6 +58,8 @@ class World:
         rc = f"$(cat {self.rc} 2>/dev/null || echo 0)"
         fake.write_text(f'#!/bin/sh\necho "$*" >> {self.calls}\nexit {rc}\n')
         fake.chmod(0o755)
+        # The real ansible-inventory of the controller's toolchain, where the pull venv has it.
+        (tmp / "ansible-inventory").symlink_to(REPO / ".venv" / "bin" / "ansible-inventory")
         self.cfg = {
             "url": str(self.up),
             "branch": "deploy",
@@ -68,8 +72,10 @@ class World:
         }
         (tmp / "state").mkdir(mode=0o700)
 
-    def commit(self, msg: str, key: Path | None = None, date: str | None = None) -> str:
-        (self.up / "inv.yml").write_text(f"# {msg}\nall: {{}}\n")
+    def commit(
+        self, msg: str, key: Path | None = None, date: str | None = None, inventory: str = "all: {}\n"
+    ) -> str:
+        (self.up / "inv.yml").write_text(f"# {msg}\n{inventory}")
         sh("git", "-C", self.up, "add", "inv.yml")
         sign = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={key}"] if key else []
         env = dict(
@@ -200,9 +206,136 @@ def test_no_credential_of_the_url_is_printed(pull, tmp_path, monkeypatch, capsys
     config = tmp_path / "pull.json"
     config.write_text(json.dumps(cfg))
     monkeypatch.setattr(pull, "CONFIG", str(config))
-    monkeypatch.setattr(pull, "LOCK", str(tmp_path / "pull.lock"))
     assert pull.main() == 1
     out = capsys.readouterr()
     text = out.out + out.err
     assert "FAILED: git fetch" in text and "https://<redacted>@127.0.0.1:9" in text
     assert token not in text and "deploy-bot" not in text
+
+
+ROUTED = """all:
+  children:
+    gpu_nodes:
+      hosts:
+        h1: {}
+    routers:
+      hosts:
+        r1: {}
+"""
+
+
+def test_an_inventory_with_routers_is_refused_before_the_deploy(pull, tmp_path, capsys):
+    """Pull mode runs deploy.yml with ansible_connection=local: a `delegate_to: <router>` would run on this
+    host, find no router and restart a server in rotation (issue 37, item 6). Such a commit is refused,
+    once."""
+    w = World(tmp_path)
+    c1 = w.commit("one", w.key)
+    assert pull.run(w.cfg) == 0
+    c2 = w.commit("behind a router", w.key, inventory=ROUTED)
+    capsys.readouterr()
+    assert pull.run(w.cfg) == 1
+    out = capsys.readouterr().out
+    assert f"REFUSED: commit {c2}: inventory inv.yml has hosts in group routers (r1)" in out, out
+    assert "push deploy" in out and "the host is unchanged" in out
+    assert w.deployed() == [c1] and w.state()["applied"] == c1 and w.state()["failed"] == c2
+    assert pull.run(w.cfg) == 0 and "already reported" in capsys.readouterr().out
+
+
+def holder(path: Path) -> subprocess.Popen:
+    """Another process holding flock(2) on `path` until it is killed."""
+    code = (
+        "import fcntl, sys, time\n"
+        f"f = open({str(path)!r}, 'a+')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def main_with(pull, monkeypatch, w: World, tmp_path: Path) -> int:
+    config = tmp_path / "pull.json"
+    config.write_text(json.dumps(w.cfg))
+    monkeypatch.setattr(pull, "CONFIG", str(config))
+    return pull.main()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the planted lock file to another user (needs root)")
+def test_a_local_user_cannot_stop_pull_mode_by_pre_creating_a_lock_file(pull, tmp_path, monkeypatch, capsys):
+    # What any local user may do in /run/lock (mode 1777): create the lock file first and hold it.
+    shared = tmp_path / "run-lock"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / "sglang-pull.lock"
+    planted.touch()
+    os.chown(planted, 65534, 65534)
+    # The lock sglang-pull used to take; a lock in a directory others may write is no lock of root's.
+    monkeypatch.setattr(pull, "LOCK", str(planted), raising=False)
+    proc = holder(planted)
+    try:
+        w = World(tmp_path)
+        c1 = w.commit("one", w.key)
+        assert main_with(pull, monkeypatch, w, tmp_path) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert w.deployed() == [c1], capsys.readouterr().out
+
+
+def test_the_lock_lives_in_the_root_only_state_directory(pull, tmp_path, monkeypatch, capsys):
+    w = World(tmp_path)
+    w.commit("one", w.key)
+    monkeypatch.setattr(pull, "LOCK", str(tmp_path / "old.lock"), raising=False)
+    proc = holder(tmp_path / "state" / "lock")
+    try:
+        assert main_with(pull, monkeypatch, w, tmp_path) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"another sglang-pull run holds {tmp_path}/state/lock" in capsys.readouterr().out
+    assert w.deployed() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the lock file to another user (needs root)")
+@pytest.mark.parametrize("plant", ["writable state directory", "lock of another user", "lock is a symlink"])
+def test_a_lock_another_user_could_have_planted_is_refused_loudly(pull, tmp_path, monkeypatch, capsys, plant):
+    w = World(tmp_path)
+    w.commit("one", w.key)
+    state = tmp_path / "state"
+    if plant == "writable state directory":
+        state.chmod(0o777)
+    elif plant == "lock of another user":
+        (state / "lock").touch()
+        os.chown(state / "lock", 65534, 65534)
+    else:
+        (state / "lock").symlink_to(tmp_path / "elsewhere")
+    assert main_with(pull, monkeypatch, w, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: lock " in out and str(state) in out, out
+    assert w.deployed() == []
+
+
+def test_setting_up_pull_mode_where_the_inventory_has_routers_is_refused(tmp_path):
+    """playbooks/pull.yml refuses before it changes anything on a host behind a router (issue 37, item 6)."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        ROUTED.replace("h1: {}", "h1: {ansible_connection: local}").replace(
+            "r1: {}", "r1: {ansible_connection: local}"
+        )
+    )
+    settings = {
+        "sglang_pull_repo_url": "https://git.example.invalid/sglang-deploy.git",
+        "sglang_pull_allowed_signers": [
+            'ops@example.invalid namespaces="git" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA'
+        ],
+        "sglang_pull_inventory": "inventory/site/hosts.yml",
+        # The settings check refuses this: a run that got past the router check would stop there.
+        "sglang_pull_branch": "-not-a-branch",
+    }
+    run = run_playbook("-i", inventory, "playbooks/pull.yml", "--check", "-e", json.dumps(settings))
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out
+    assert "h1: pull mode is refused where the inventory has routers (r1)" in out, out
+    assert "sglang_pull_branch" not in out.split("pull mode is refused")[0], out
