@@ -13,12 +13,16 @@ description:
     under C(flock(2)) on the directory and the record is replaced with the one atomic writer, so two
     runs never both hold it. Ansible runs every task as a new process, so nothing is held between
     tasks; the record says who holds it, and the next run decides from it whether that run still lives.
-  - "A holder is dead, and its lock is taken over (the takeover is returned and warned), when: the host
-    booted since (boot id); the process on this host whose life spans the holder's run is gone (the
-    C(sshd) of its multiplexed SSH connection, or the C(ansible-playbook) of a local run such as pull
-    mode; checked with its start time, so a reused PID is not mistaken for it); its C(ansible-playbook)
-    process on the controller is gone (checked by the action plugin on that controller, passed as
-    O(takeover)); or its lease ran out (O(lease) seconds after its last call, on C(CLOCK_BOOTTIME))."
+  - "A holder is dead, and its lock is taken over (the takeover is returned and warned), only where that is
+    certain: the host booted since (boot id); the C(ansible-playbook) of a local run on this host (pull
+    mode) is gone (checked with its start time, so a reused PID is not mistaken for it); its
+    C(ansible-playbook) process on the controller is gone (checked by the action plugin on that controller,
+    passed as O(takeover)); or its lease ran out (O(lease) seconds after its last call, on
+    C(CLOCK_BOOTTIME)). The C(sshd) it took the lock under proves nothing: without ControlMaster every task
+    has its own, which ends with the task while the run goes on."
+  - Every module that writes under the lock (C(sglang_unit), C(sglang_release_marker), C(sglang_pip)) checks
+    the token and renews the lease first, so a run that works keeps its lock and one whose lock was taken
+    over writes nothing.
   - A live holder refuses the lock with a message that names it (controller host, user, C(ansible-playbook)
     PID, playbook and play, since when, what it is doing); O(wait) seconds of waiting first when asked.
   - O(state=renewed) (the same token) says what the run does next and extends its lease; a run whose lock
@@ -52,9 +56,9 @@ options:
   lease:
     description:
       - Seconds this run may go without another call before its lock counts as abandoned. Bound what
-        the run does next (the longest step), or a live run can lose its lock.
+        the run does next (the longest step that renews nothing), or a live run can lose its lock.
+      - Default C(3600) when acquiring; when renewing, the lease the record has.
     type: int
-    default: 3600
   doing:
     description: What the run does while it holds the lock (shown to a refused run).
     type: str
@@ -67,9 +71,9 @@ options:
     default: {}
   anchor_pid:
     description:
-      - Process on this host whose life spans the run. Default the nearest C(sshd) ancestor (the connection
-        that ControlMaster keeps open for the whole run) or, for a local connection, the outermost
-        C(ansible-playbook) ancestor; none found, the lease alone decides.
+      - Process on this host the run works under, shown to a refused run. Default the nearest C(sshd)
+        ancestor or, for a local connection, the outermost C(ansible-playbook) ancestor. Only the end of an
+        C(ansible-playbook) proves the run dead; an C(sshd) can be one task's.
     type: int
   takeover:
     description: Token of a holder the action plugin proved dead on its controller (taken over if still held).
@@ -151,6 +155,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             TAKE_OPTIONS,
+            # Renewing keeps the record's lease unless one is given.
+            lease=dict(type="int"),
             state=dict(type="str", default="acquired", choices=["acquired", "renewed", "released"]),
             token=dict(type="str", no_log=False),
         ),
@@ -159,8 +165,10 @@ def main():
     )
     params = module.params
     directory, state = params["dir"], params["state"]
+    if state == "acquired" and params["lease"] is None:
+        params["lease"] = TAKE_OPTIONS["lease"]["default"]
     try:
-        path = checked_path(params)
+        path = checked_path(dict(params, lease=1 if params["lease"] is None else params["lease"]))
     except LockError as exc:
         module.fail_json(msg=str(exc))
     result = dict(changed=False, lock_file=path, token="")

@@ -77,10 +77,11 @@ options:
     default: {}
   lock:
     description:
-      - The deploy lock this run holds (C(sglang_lock)). After the files are written, reloaded and enabled,
-        its lease is extended to O(lock.lease) and it says O(lock.doing) (what comes next, the restart); the
-        same as a C(sglang_lock) C(state=renewed) call, without its round trip. A lock that is not this run's
-        any more fails the call, naming its holder (the files are written by then; the restart is not made).
+      - The deploy lock this run holds (C(sglang_lock)). Before the pending marker, the files, the
+        daemon-reload or the enable, the lock must still be this run's. Its lease is extended to
+        O(lock.lease) and it says O(lock.doing) (what comes next, the restart); the same as a C(sglang_lock)
+        C(state=renewed) call, without its round trip. A lock that is not this run's any more fails the
+        call, naming its holder, and nothing is written.
     type: dict
     suboptions:
       dir:
@@ -167,7 +168,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_files import replace_file
-from ansible.module_utils.sglang_lock import LockError, renew
+from ansible.module_utils.sglang_lock import LockError, hold
 from ansible.module_utils.sglang_systemd import SystemctlError, analyze_verify, daemon_reload
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -332,6 +333,21 @@ def main():
     if module.check_mode:
         module.exit_json(status=before, **result)
 
+    # A run whose lock was taken over writes nothing: checked (and renewed for the restart) first.
+    if p["lock"]:
+        lock = p["lock"]
+        try:
+            hold(lock, doing=lock["doing"], lease=lock["lease"])
+        except (LockError, OSError) as exc:
+            module.fail_json(
+                msg=f"{exc} (nothing was changed)",
+                unit_changed=False,
+                env_changed=False,
+                config_changed=False,
+                lock_renewed=False,
+            )
+        result["lock_renewed"] = True
+
     # Before the first byte changes: a run that stops between here and the verified restart leaves it.
     if changed_files and p["pending_path"]:
         marker = pending_marker(name, files, current, changed_files, p["pending_by"])
@@ -364,13 +380,6 @@ def main():
             module.fail_json(
                 msg=f"systemctl enable {name} failed (rc={rc}): {(err or out).strip()}", **result
             )
-    if p["lock"]:
-        lock = p["lock"]
-        try:
-            renew(lock["dir"], lock["name"], lock["token"], lock["doing"], lock["lease"])
-        except (LockError, OSError) as exc:
-            module.fail_json(msg=str(exc), **result)
-        result["lock_renewed"] = True
     module.exit_json(status=show(module, name) if result["changed"] else before, **result)
 
 

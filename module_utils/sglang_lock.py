@@ -2,9 +2,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The deploy lock (library/sglang_lock.py): its record, read, written, taken, renewed and released under
 flock(2) on its directory. Shared by sglang_lock; by sglang_host_probe, which takes the lock in the call that
-probes the host (O(lock)); by sglang_unit, which renews it for the restart in the call that writes the files;
-and by sglang_verified_restart, which releases it in the call that proves a host with nothing to change. Each
-saves a round trip (a Python process on the host) per deploy."""
+probes the host (O(lock)); by every module that writes under it (sglang_unit, sglang_release_marker, the
+sglang_pip action through sglang_lock), which checks this run's token and renews its lease first
+(:func:`hold`); and by sglang_verified_restart, which releases it in the call that proves a host with nothing
+to change. Each saves a round trip (a Python process on the host) per deploy.
+
+A holder is dead only where that is certain: the host booted since, its own ansible-playbook on this host
+is gone (a local run), its ansible-playbook on the controller is gone (proven there, by
+action_plugins/sglang_lock.py) or its lease ran out. The sshd a holder took the lock under proves nothing:
+without ControlMaster every task has its own, gone when the task ends while the run goes on."""
 
 from __future__ import annotations
 
@@ -36,6 +42,17 @@ TAKE_OPTIONS = dict(
     anchor_pid=dict(type="int"),
     takeover=dict(type="str", no_log=False),
     takeover_reason=dict(type="str", default="its controller process is gone"),
+)
+
+
+# The ``lock`` option of a module that writes under the lock: checked, its lease renewed, before any write.
+LOCK_OPTION = dict(
+    type="dict",
+    options=dict(
+        dir=dict(type="path", required=True),
+        name=dict(type="str", required=True),
+        token=dict(type="str", required=True, no_log=False),
+    ),
 )
 
 
@@ -138,8 +155,9 @@ def write_record(path, record):
 
 
 def renew(directory, name, token, doing, lease, controller=None):
-    """Extend this run's lease and say what it does now; LockError (naming the holder) when the lock is not
-    this run's any more (taken over, released, gone). Returns the new record."""
+    """Extend this run's lease and say what it does now (``doing`` or ``lease`` None: the record's own);
+    LockError (naming the holder) when the lock is not this run's any more (taken over, released, gone).
+    Returns the new record."""
     path = os.path.join(directory, name + ".lock")
     with Mutex(directory):
         record = read_record(path)
@@ -147,17 +165,28 @@ def renew(directory, name, token, doing, lease, controller=None):
             holder = describe(record) if record is not None else "nobody (the lock file is gone)"
             raise LockError(
                 f"this run no longer holds the deploy lock of {name} ({path}): it is held by {holder}. "
-                f"Stopping before: {doing}"
+                f"Stopping before: {doing or 'its next step'}"
             )
+        if lease is None:
+            lease = record.get("lease_seconds")
+            lease = lease if isinstance(lease, int) and lease >= 1 else TAKE_OPTIONS["lease"]["default"]
         params = {
             "name": name,
-            "doing": doing,
+            "doing": doing or record.get("doing") or TAKE_OPTIONS["doing"]["default"],
             "lease": lease,
             "controller": record.get("controller") or controller or {},
         }
         mine = new_record(params, record.get("anchor"), token, acquired=record.get("acquired"))
         write_record(path, mine)
     return mine
+
+
+def hold(lock, doing=None, lease=None):
+    """What a module that writes under the deploy lock calls before its first write: ``lock`` ({dir, name,
+    token}, its O(lock) option) must still be this run's; its lease is renewed (``lease`` seconds, else the
+    record's own) and, given ``doing``, what the run does now. LockError naming the holder otherwise; an
+    OSError (a lock directory gone) is the caller's to report. Returns the new record."""
+    return renew(lock["dir"], lock["name"], lock["token"], doing, lease)
 
 
 def proc_stat(pid):
@@ -205,12 +234,14 @@ def discover_anchor():
 
 
 def anchor_record(pid):
+    """The process on this host the holder runs under, shown to a refused run; its end proves the holder
+    dead only when it is the run's own ansible-playbook (a local connection): an sshd may be one task's."""
     if pid is None:
         return None
     info = proc_stat(pid)
     if info is None:
         raise LockError(f"anchor_pid {pid}: no such process on this host")
-    return {"pid": int(pid), "comm": info[0], "start": info[2]}
+    return {"pid": int(pid), "comm": info[0], "start": info[2], "ansible_playbook": is_ansible_playbook(pid)}
 
 
 def why_dead(record, current_boot, now_boot):
@@ -220,10 +251,10 @@ def why_dead(record, current_boot, now_boot):
     if record.get("boot_id") != current_boot:
         return f"the host booted since it took the lock (boot id {str(record.get('boot_id'))[:8]}...)"
     anchor = record.get("anchor")
-    if anchor:
+    if anchor and anchor.get("ansible_playbook"):
         info = proc_stat(anchor["pid"])
         if info is None or info[2] != anchor["start"]:
-            return f"its process on this host ({anchor['comm']} PID {anchor['pid']}) is gone"
+            return f"its ansible-playbook process on this host (PID {anchor['pid']}) is gone"
     until = record.get("lease_until_boottime")
     if not isinstance(until, (int, float)) or now_boot > until:
         return (

@@ -598,7 +598,8 @@ def test_the_deploy_lock_is_taken_first_in_the_probes_own_call_and_a_held_one_re
     build_good_host(tmp_path)
     (tmp_path / "run").mkdir()
     lock = {"name": "sglang", "dir": str(tmp_path / "run" / "sglang-deploy"), "doing": "installing"}
-    holder = subprocess.Popen(["sleep", "60"])  # the first run's connection process on this host
+    # The first run's ansible-playbook on this host (a local run): its end is certain death, an sshd's not.
+    holder = subprocess.Popen(["ansible-playbook", "60"], executable="/bin/sleep")
     try:
         first, failed = run_module(
             "sglang_host_probe", {**want(tmp_path), "lock": {**lock, "anchor_pid": holder.pid}}

@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from ansible.module_utils import sglang_lock as lock_record
@@ -124,8 +125,34 @@ def test_wait_that_runs_out_is_refused_and_says_it_waited(tmp_path, live):
     assert 1.0 <= time.monotonic() - started < 5
 
 
+def named_process(tmp_path, name, argv0=None):
+    """A live process on this host whose comm is ``name`` (a copy of sleep under that name), its argv[0]
+    ``argv0``: what /proc shows of a holder's sshd or of a local run's ansible-playbook."""
+    exe = tmp_path / name
+    exe.write_bytes(Path("/bin/sleep").read_bytes())
+    exe.chmod(0o755)
+    return subprocess.Popen([argv0 or str(exe), "60"], executable=str(exe))
+
+
+def test_holder_whose_connection_process_is_gone_keeps_its_lock_while_its_lease_runs(tmp_path):
+    """Without ControlMaster each task has its own sshd: the one a holder took the lock under ends with that
+    task, while the run goes on. Its end proves nothing; the lease (renewed by every locked call) does."""
+    sshd = named_process(tmp_path, "sshd")
+    first, _ = lock(tmp_path, anchor_pid=sshd.pid, controller=CONTROLLER, doing="installing sglang")
+    assert first["holder"]["anchor"]["comm"] == "sshd"
+    sshd.kill()
+    sshd.wait()
+    second, text = lock(tmp_path, controller=dict(CONTROLLER, host="ctl-b", pid=77))
+    assert second["failed"] is True and "took_over" not in second, text
+    assert f"on this host sshd PID {sshd.pid}" in second["msg"] and "installing sglang" in second["msg"]
+    record = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
+    assert record["token"] == first["token"]
+
+
 def test_holder_whose_process_is_gone_is_taken_over_and_reported(tmp_path):
-    proc = subprocess.Popen(["sleep", "60"])
+    """A local run (pull mode, ansible_connection local): its anchor is its own ansible-playbook on this
+    host, whose end is certain death."""
+    proc = named_process(tmp_path, "python3", argv0="/usr/bin/ansible-playbook")
     first, _ = lock(tmp_path, anchor_pid=proc.pid, controller=CONTROLLER, doing="restarting sglang.service")
     proc.kill()
     proc.wait()
@@ -133,11 +160,31 @@ def test_holder_whose_process_is_gone_is_taken_over_and_reported(tmp_path):
     assert not second.get("failed"), text
     took = second["took_over"]
     assert took["token"] == first["token"] and took["doing"] == "restarting sglang.service"
-    assert took["reason"] == f"its process on this host (sleep PID {proc.pid}) is gone"
+    assert took["reason"] == f"its ansible-playbook process on this host (PID {proc.pid}) is gone"
     warning = said(second)
     assert "took over the deploy lock of sglang" in warning and "ansible-playbook PID 4242" in warning
     record = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
     assert record["token"] == second["token"]
+
+
+def test_a_locked_write_checks_the_token_and_renews_the_lease(tmp_path, live):
+    """hold(): what every module that writes under the lock calls first (one shared check)."""
+    first, _ = lock(tmp_path, anchor_pid=live.pid, lease=60, controller=CONTROLLER, doing="installing")
+    directory = str(tmp_path / "run" / "sglang-deploy")
+    path = tmp_path / "run" / "sglang-deploy" / "sglang.lock"
+    before = json.loads(path.read_text())
+    time.sleep(1.1)
+    mine = lock_record.hold({"dir": directory, "name": "sglang", "token": first["token"]})
+    record = json.loads(path.read_text())
+    assert mine == record and record["token"] == first["token"] and record["doing"] == "installing"
+    # No lease given: the record's own, counted from now.
+    assert record["lease_seconds"] == 60 and record["lease_until_boottime"] > before["lease_until_boottime"]
+    lock_record.hold({"dir": directory, "name": "sglang", "token": first["token"]}, doing="marking")
+    assert json.loads(path.read_text())["doing"] == "marking"
+    kept = path.read_bytes()
+    with pytest.raises(lock_record.LockError, match="no longer holds the deploy lock of sglang.*PID 4242"):
+        lock_record.hold({"dir": directory, "name": "sglang", "token": "0" * 32}, doing="pip install")
+    assert path.read_bytes() == kept
 
 
 def test_expired_lease_and_another_boot_are_taken_over(tmp_path, live, monkeypatch):

@@ -234,7 +234,7 @@ def test_pending_marker_is_written_before_the_files_and_only_when_a_file_changes
 
 
 def test_the_deploy_lock_is_renewed_for_the_restart_in_the_call_that_writes(run_module, host, tmp_path):
-    """With ``lock``, the record says what comes next (the restart) and its lease is extended, after the
+    """With ``lock``, the record says what comes next (the restart) and its lease is extended, before the
     files are written; a lock that is not this run's any more fails the call, naming its holder."""
     from ansible.module_utils import sglang_lock as lock_record
 
@@ -261,3 +261,30 @@ def test_the_deploy_lock_is_renewed_for_the_restart_in_the_call_that_writes(run_
     assert failed and "no longer holds the deploy lock of sglang" in result["msg"], result
     assert "ansible-playbook PID 7 on controller ctl-a" in result["msg"]
     assert json.loads((lock_dir / "sglang.lock").read_text())["token"] == "a" * 32
+
+
+def test_a_lock_that_is_not_this_runs_fails_before_anything_is_written(run_module, host, tmp_path):
+    """A run whose lock was taken over writes nothing: no pending marker, no file, no daemon-reload, no
+    enable (the lock is checked, and renewed, before the first write)."""
+    from ansible.module_utils import sglang_lock as lock_record
+
+    lock_dir = tmp_path / "lock"
+    lock_dir.mkdir(mode=0o700)
+    held = lock_record.new_record(
+        {"name": "sglang", "doing": "deploying", "lease": 60, "controller": {"host": "ctl-b", "pid": 8}},
+        None,
+        "b" * 32,
+    )
+    lock_record.write_record(str(lock_dir / "sglang.lock"), held)
+    host["show"] = ["unit-show-not-found.txt"]  # a first install: it would reload and enable
+    marker = tmp_path / "state" / "sglang.pending.json"
+    lock = {"dir": str(lock_dir), "name": "sglang", "token": "a" * 32, "lease": 900, "doing": "restarting x"}
+    args = dict(host["args"], pending_path=str(marker), lock=lock)
+    result, failed = run_module("sglang_unit", args)
+    assert failed and "no longer holds the deploy lock of sglang" in result["msg"], result
+    assert "ansible-playbook PID 8 on controller ctl-b" in result["msg"]
+    assert "nothing was changed" in result["msg"]
+    assert not marker.exists()
+    assert not Path(args["unit_path"]).exists() and not Path(args["env_path"]).exists()
+    assert [c[0] for c in actions(host)] == ["systemd-analyze"], actions(host)  # the unit checked, no more
+    assert json.loads((lock_dir / "sglang.lock").read_text()) == held
