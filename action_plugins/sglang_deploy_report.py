@@ -33,15 +33,20 @@ ARGS = ("path", "report", "server_info_json", "summary_template", "summary_vars"
 
 
 def write_report(path: str, report: dict) -> None:
+    """0600 in a directory made 0700: the report holds the whole /server_info (secrets redacted, the rest of
+    the server's configuration not), for the operator who ran the deploy only."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        # makedirs' mode is masked by the umask (and may race another host's): 0700 whatever the umask.
+        os.chmod(directory, 0o700)
     written = {"written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     body = {"host": report.pop("host"), **written, **report} if "host" in report else {**written, **report}
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report-", suffix=".json")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(body, indent=4, ensure_ascii=False, default=to_text) + "\n")
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -11,7 +11,8 @@ module: sglang_deploy_report
 short_description: Write one host's deploy report (JSON) on the controller and show its summary
 description:
   - An action plugin (action_plugins/sglang_deploy_report.py) that never reaches a host. It makes the
-    report's directory (0755) and writes the report as indented JSON (0644), atomically, with a
+    report's directory (0700) when missing and writes the report as indented JSON (0600, for it holds the
+    whole C(/server_info) with its secrets redacted), atomically, with a
     C(written) UTC timestamp after C(host); a controller file, not a host change, so it is never C(changed).
   - With O(summary_template), it then renders that template in the controller process with the variables
     of O(summary_vars) only (no task variable), as the C(ansible.builtin.template) lookup renders a file

@@ -78,7 +78,7 @@ def task_args(path, template=TEMPLATE, **summary_vars) -> dict:
     }
 
 
-def test_the_report_is_written_whole_host_first_and_readable(tmp_path):
+def test_the_report_is_written_whole_host_first_and_private(tmp_path):
     path = tmp_path / "out" / "deploy" / "20261205T120000Z" / "lab1.json"
     report = {
         "host": "lab1",
@@ -89,9 +89,25 @@ def test_the_report_is_written_whole_host_first_and_readable(tmp_path):
     body = json.loads(path.read_text())
     assert list(body)[:3] == ["host", "written", "unit"]
     assert body["server_info"] == report["server_info"] and body["written"].endswith("Z")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o755 == 0o755
+    # The whole /server_info (secrets redacted, the rest of the configuration not): the operator's only.
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert [p.name for p in path.parent.iterdir()] == ["lab1.json"]  # no temporary file left
+
+
+def test_the_reports_of_a_run_are_private_whatever_the_umask(tmp_path):
+    run = tmp_path / "out" / "deploy" / "20261205T120000Z"
+    old = os.umask(0)
+    try:
+        for host in ("lab1", "lab2"):
+            plugin.write_report(str(run / f"{host}.json"), {"host": host})
+    finally:
+        os.umask(old)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in run.iterdir()} == {
+        "lab1.json": 0o600,
+        "lab2.json": 0o600,
+    }
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
 
 
 def test_a_failed_write_leaves_the_previous_report_and_no_temporary_file(tmp_path, monkeypatch):
