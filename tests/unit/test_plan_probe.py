@@ -26,6 +26,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import FIXTURES, REPO, FakeResponse
 
 P = FIXTURES / "plan_probe"
@@ -74,9 +75,18 @@ def host(tmp_path, monkeypatch):
     )
     cfg["capabilities_cache"] = str(caps)
     (conf_dir / "sglang.plan-probe.json").write_text(json.dumps(cfg))
+    # The server's port: a real listener of this test process, whose cgroup stands for the unit's.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    cfg["port"] = listener.getsockname()[1]
+    (conf_dir / "sglang.plan-probe.json").write_text(json.dumps(cfg))
+    own_cgroup = [ln for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")]
+    show = tmp_path / "show.txt"
+    show.write_text((P / "show.txt").read_text() + f"ControlGroup={own_cgroup[0][3:]}\n")
     bins = tmp_path / "bin"
     bins.mkdir()
-    (bins / "systemctl").write_text(f"#!/bin/sh\ncat {P / 'show.txt'}\n")
+    (bins / "systemctl").write_text(f"#!/bin/sh\ncat {show}\n")
     (bins / "journalctl").write_text(f'#!/bin/sh\n[ "$1" = --sync ] && exit 0\ncat {P / "journal.json"}\n')
     for b in bins.iterdir():
         b.chmod(0o755)
@@ -112,7 +122,16 @@ def host(tmp_path, monkeypatch):
         "--journalctl",
         str(bins / "journalctl"),
     ]
-    return {"probe": probe, "argv": argv, "files": files, "seen": seen, "conf_dir": conf_dir}
+    yield {
+        "probe": probe,
+        "argv": argv,
+        "files": files,
+        "seen": seen,
+        "conf_dir": conf_dir,
+        "show": show,
+        "port": cfg["port"],
+    }
+    listener.close()
 
 
 def answer(host, capsys) -> tuple[str, dict]:
@@ -171,6 +190,105 @@ def test_a_config_others_may_write_is_ignored(host, capsys):
     _, doc = answer(host, capsys)
     assert doc["services"] == {}
     assert "only root may write; ignored" in doc["errors"][0]
+
+
+def test_the_key_goes_only_to_a_listener_in_the_units_cgroup(host, capsys):
+    """Issue 37 item 4 (P4 for the probe): the port is held by a process outside the unit's cgroup (the plan
+    account can bind it first while SGLang loads its model): /server_info is not asked, with or without the
+    key, and the answer names the holder."""
+    show = host["show"]
+    props = [ln for ln in show.read_text().splitlines() if not ln.startswith("ControlGroup=")]
+    show.write_text("\n".join(props + ["ControlGroup=/system.slice/sglang.service"]) + "\n")
+    text, doc = answer(host, capsys)
+    assert host["seen"] == [] and SENTINEL not in text
+    info = doc["services"]["sglang"]["running"]["server_info"]
+    assert info["attempts"] == [] and "status" not in info
+    assert f"port {host['port']}" in info["error"] and f"pid {os.getpid()}" in info["error"]
+    assert "not sglang.service's" in info["error"] and "the API key was not sent" in info["error"]
+
+
+def test_the_key_is_withheld_while_nothing_listens(host, capsys):
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        free = probe_port.getsockname()[1]
+    cfg_path = host["conf_dir"] / "sglang.plan-probe.json"
+    cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), port=free)))
+    _, doc = answer(host, capsys)
+    info = doc["services"]["sglang"]["running"]["server_info"]
+    assert host["seen"] == [] and f"nothing listens on port {free}" in info["error"]
+
+
+def test_without_the_listener_reader_the_key_is_withheld(host, capsys, tmp_path):
+    """An older role installed no sglang_proc.py beside the probe: it fails closed."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("sglang_redact.py", "sglang_journal.py"):
+        (lib / name).write_bytes((REPO / "module_utils" / name).read_bytes())
+    argv = list(host["argv"])
+    argv[argv.index("--lib") + 1] = str(lib)
+    assert host["probe"].main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    info = doc["services"]["sglang"]["running"]["server_info"]
+    assert host["seen"] == [] and "sglang_proc.py" in info["error"]
+
+
+PLAN_ACCOUNT_TASKS = REPO / "roles" / "sglang" / "tasks" / "plan-account.yml"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 37 item 4: roles/sglang/tasks/plan-account.yml (another engineer's file) still leaves the "
+    "plan account its own home; the task change is described in the issue's report",
+)
+def test_the_plan_account_cannot_replace_its_root_owned_ssh_directory():
+    """Issue 37 item 4: an account that owns its home can rename the root-owned .ssh and put an
+    authorized_keys of its own (without ``restrict``) in its place. The home is root's, not writable by the
+    account, after the account is created; what the account writes has directories of its own in it."""
+    tasks = yaml.safe_load(PLAN_ACCOUNT_TASKS.read_text())
+    names = [t.get("name", "") for t in tasks]
+    created = names.index("Create the plan account")
+    home = [
+        (i, t["ansible.builtin.file"])
+        for i, t in enumerate(tasks)
+        if (t.get("ansible.builtin.file") or {}).get("path") == "{{ __sglang_plan_home }}"
+    ]
+    assert home, "no task makes the plan account's home root's"
+    index, spec = home[0]
+    assert index > created and spec.get("owner") == "root" and spec.get("state") == "directory"
+    assert not int(str(spec.get("mode", "0777")), 8) & 0o022, spec
+    assert spec.get("follow") is False, "root must not follow a link the account planted"
+    ssh = next(
+        t["ansible.builtin.file"]
+        for t in tasks
+        if (t.get("ansible.builtin.file") or {}).get("path") == "{{ __sglang_plan_home }}/.ssh"
+    )
+    assert ssh["owner"] == "root"
+    # Ansible's remote tmp and the parser's caches (tasks/plan.yml: .cache/preflight) stay writable.
+    own = [
+        t["ansible.builtin.file"]
+        for t in tasks
+        if str((t.get("ansible.builtin.file") or {}).get("owner")) == "{{ sglang_plan_user }}"
+    ]
+    paths = {str(x.get("path")) for x in own} | {
+        f"{{{{ __sglang_plan_home }}}}/{item}"
+        for t in tasks
+        if str((t.get("ansible.builtin.file") or {}).get("owner")) == "{{ sglang_plan_user }}"
+        for item in t.get("loop") or []
+    }
+    assert {"{{ __sglang_plan_home }}/.ansible", "{{ __sglang_plan_home }}/.cache"} <= paths, paths
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 37 item 4: roles/sglang/tasks/plan-account.yml (another engineer's file) does not install "
+    "module_utils/sglang_proc.py beside the probe yet; without it the probe never sends the key",
+)
+def test_the_probe_is_installed_with_its_listener_reader():
+    """The probe fails closed without sglang_proc.py (test above): the role installs it beside the probe."""
+    tasks = yaml.safe_load(PLAN_ACCOUNT_TASKS.read_text())
+    install = next(t for t in tasks if str(t.get("name", "")).startswith("Install the plan probe"))
+    dests = {item["dest"] for item in install["loop"]}
+    assert "{{ __sglang_heal_lib }}/sglang_proc.py" in dests, dests
 
 
 def test_the_recorded_answer_holds_no_secret():
