@@ -10,6 +10,10 @@ a line at least every ~20 s, and at once when pip moves to another step.
 
 changed is pip's own word: true only when pip printed "Successfully installed ..." (a run that
 only finds "Requirement already satisfied" changed nothing).
+
+With ``lock`` (the deploy lock this run holds), pip starts only while the lock is this run's, and the lock's
+lease is renewed while pip runs (through sglang_lock, state=renewed): an install that runs longer than the
+lease keeps its lock, and one whose lock was taken over is stopped instead of building on.
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ def parse_status(stdout: str) -> tuple[str, int | None, str]:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("argv", "log", "poll", "timeout", "label"))
+    _VALID_ARGS = frozenset(("argv", "log", "poll", "timeout", "label", "lock"))
     # Check mode installs nothing: the task is reported skipped.
     _supports_check_mode = False
 
@@ -139,6 +143,25 @@ class ActionModule(ActionBase):
                 f"{(res.get('stderr') or res.get('stdout') or '').strip()[-2000:]}"
             )
         return res
+
+    def _renew(self, lock: dict, doing: str, task_vars) -> int:
+        """The deploy lock still this run's, its lease renewed (the record's own length): that length.
+        AnsibleActionFail naming the holder otherwise."""
+        res = self._execute_module(
+            module_name="sglang_lock",
+            module_args={
+                "name": lock["name"],
+                "dir": lock["dir"],
+                "state": "renewed",
+                "token": lock["token"],
+                "doing": doing,
+            },
+            task_vars=task_vars,
+        )
+        if res.get("failed"):
+            raise AnsibleActionFail(res.get("msg") or "sglang_lock: renewing the deploy lock failed")
+        lease = (res.get("holder") or {}).get("lease_seconds")
+        return lease if isinstance(lease, int) and lease > 0 else 3600
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -161,6 +184,18 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"sglang_pip: timeout must be at least poll (is {timeout})")
         label = str(args.get("label") or "pip install")
         host = (task_vars or {}).get("inventory_hostname", "")
+        lock = args.get("lock")
+        if lock is not None and not (
+            isinstance(lock, dict)
+            and all(isinstance(lock.get(k), str) and lock[k] for k in ("dir", "name", "token"))
+        ):
+            raise AnsibleActionFail(
+                "sglang_pip: lock must be a dict with dir, name and token (the deploy lock)"
+            )
+        doing = f"{label}: pip install, output in {log}"
+        # A run whose lock was taken over starts nothing; the lease then renewed at a quarter of its length.
+        lease = self._renew(lock, doing, task_vars) if lock else 0
+        renewed = time.monotonic()
 
         started = self._host(start_command(argv, log), "starting pip")
         try:
@@ -182,8 +217,18 @@ class ActionModule(ActionBase):
                 shown, shown_at = line, now
             if state != "running":
                 break
+            stop = f"kill -TERM -{pid} 2>/dev/null || kill -TERM {pid} 2>/dev/null; true"
+            if lock and now - renewed >= lease / 4:
+                try:
+                    lease = self._renew(lock, doing, task_vars)
+                except AnsibleActionFail as exc:
+                    self._low_level_execute_command(stop, sudoable=True)
+                    raise AnsibleActionFail(
+                        f"{label}: pip stopped after {elapsed_text(now - begin)}: {exc.message}; "
+                        f"its output is in {log} on the host"
+                    ) from exc
+                renewed = time.monotonic()
             if now - begin > timeout:
-                stop = f"kill -TERM -{pid} 2>/dev/null || kill -TERM {pid} 2>/dev/null; true"
                 self._low_level_execute_command(stop, sudoable=True)
                 raise AnsibleActionFail(
                     f"{label}: pip still running after {elapsed_text(now - begin)} (timeout {timeout} s): "

@@ -46,6 +46,26 @@ options:
     description: What the install is, at the start of each progress line.
     type: str
     default: pip install
+  lock:
+    description:
+      - The deploy lock this run holds (C(sglang_lock)'s C(dir), C(name) and C(token)). pip starts only while
+        it is this run's (else the task fails naming its holder and installs nothing); while pip runs, its
+        lease is renewed (its own length, at a quarter of it) and it says what is installed, so an install
+        longer than the lease keeps the lock. A lock taken over meanwhile stops pip and fails the task.
+    type: dict
+    suboptions:
+      dir:
+        description: The lock directory.
+        type: path
+        required: true
+      name:
+        description: The service the lock is for.
+        type: str
+        required: true
+      token:
+        description: The token C(sglang_lock) returned.
+        type: str
+        required: true
 attributes:
   check_mode:
     support: none
@@ -59,6 +79,7 @@ EXAMPLES = r"""
     argv: [/opt/sglang/venv/bin/python, -m, pip, install, --no-input, sglang==0.5.23]
     log: /opt/sglang/venv/sglang-deploy-pip.log
     label: SGLang 0.5.23
+    lock: {dir: /run/sglang-deploy, name: sglang, token: "{{ __sglang_lock.token }}"}
 """
 
 RETURN = r"""

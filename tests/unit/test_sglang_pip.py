@@ -231,6 +231,7 @@ def test_check_mode_is_skipped_and_runs_nothing(action, tmp_path):
         ({"argv": ["pip"], "log": "/x.log", "poll": 30}, "poll must be 1..15 seconds (is 30)"),
         ({"argv": ["pip"], "log": "/x.log", "poll": "often"}, "poll and timeout must be integers"),
         ({"argv": ["pip"], "log": "/x.log", "color": True}, "Invalid options for sglang_pip: color"),
+        ({"argv": ["pip"], "log": "/x.log", "lock": {"dir": "/run/x"}}, "lock must be a dict with dir, name"),
     ],
 )
 def test_bad_arguments_fail_before_the_host_is_touched(action, args, message):
@@ -254,3 +255,90 @@ def test_start_command_runs_argv_exactly(tmp_path):
     assert (tmp_path / "out.log.rc").read_text().strip() == "0"
     assert log.read_text() == str(["a b", "it's", "$HOME", '"q"']) + "\n"
     assert os.stat(tmp_path / "out.log.rc").st_mode & 0o077 == 0
+
+
+class LockedAction(LocalAction):
+    """And its sglang_lock calls run by the real module here (what it would run on the host)."""
+
+    def _execute_module(self, module_name=None, module_args=None, task_vars=None, **kwargs):
+        from conftest import call_main, load_module
+
+        self.commands.append(f"module {module_name} {module_args.get('state')}")
+        result, _text = call_main(load_module(module_name), dict(module_args))
+        return result
+
+
+def held_lock(tmp_path, token: str, lease: int) -> dict:
+    from ansible.module_utils import sglang_lock as lock_record
+
+    directory = tmp_path / "run" / "sglang-deploy"
+    directory.mkdir(parents=True, mode=0o700)
+    record = lock_record.new_record(
+        {"name": "sglang", "doing": "installing", "lease": lease, "controller": {"host": "ctl-a", "pid": 7}},
+        None,
+        token,
+    )
+    lock_record.write_record(str(directory / "sglang.lock"), record)
+    return {"dir": str(directory), "name": "sglang", "token": token}
+
+
+def locked_action(action, args):
+    act = action(args)
+    locked = LockedAction(act._task, act._connection, None, None, None)
+    locked.commands, locked.shown, locked.tty = [], act.shown, False
+    return locked
+
+
+def test_the_install_checks_the_deploy_lock_first_and_renews_its_lease_while_pip_runs(action, tmp_path):
+    """A run whose lock was taken over installs nothing; one that holds it keeps it however long pip runs:
+    the lease (here shorter than the install) is renewed while pip works, and the lock says so."""
+    import json
+
+    (tmp_path / "venv").mkdir()
+    lock = held_lock(tmp_path, "a" * 32, lease=2)
+    path = tmp_path / "run" / "sglang-deploy" / "sglang.lock"
+    lost = locked_action(
+        action, pip_args(tmp_path, DEPENDENCIES, pause=0, rc=0, lock=dict(lock, token="b" * 32))
+    )
+    with pytest.raises(AnsibleActionFail, match="no longer holds the deploy lock of sglang.*PID 7"):
+        lost.run(task_vars={"inventory_hostname": "gpu1"})
+    assert lost.commands == ["module sglang_lock renewed"]  # pip never started
+
+    act = locked_action(action, pip_args(tmp_path, DEPENDENCIES, pause=4, rc=0, lock=lock))
+    result = act.run(task_vars={"inventory_hostname": "gpu1"})
+    assert result["changed"] is True and not result.get("failed"), result
+    renewals = [c for c in act.commands if c.startswith("module sglang_lock")]
+    assert len(renewals) >= 3, act.commands  # before pip, and at least twice while it ran
+    record = json.loads(path.read_text())
+    assert record["token"] == "a" * 32 and record["lease_seconds"] == 2
+    assert record["doing"].startswith("SGLang 0.5.23: pip install"), record["doing"]
+
+
+def test_an_install_whose_lock_is_taken_over_is_stopped(action, tmp_path):
+    from ansible.module_utils import sglang_lock as lock_record
+
+    (tmp_path / "venv").mkdir()
+    lock = held_lock(tmp_path, "a" * 32, lease=2)
+    act = locked_action(action, pip_args(tmp_path, DEPENDENCIES, pause=60, rc=0, lock=lock))
+    real = act._execute_module
+
+    def taken_over_after_the_first(**kwargs):
+        result = real(**kwargs)
+        other = lock_record.new_record(
+            {"name": "sglang", "doing": "deploying", "lease": 60, "controller": {"host": "ctl-b", "pid": 8}},
+            None,
+            "c" * 32,
+        )
+        lock_record.write_record(str(tmp_path / "run" / "sglang-deploy" / "sglang.lock"), other)
+        return result
+
+    act._execute_module = taken_over_after_the_first
+    begin = time.monotonic()
+    with pytest.raises(
+        AnsibleActionFail, match="pip stopped.*no longer holds the deploy lock.*PID 8 on controller ctl-b"
+    ):
+        act.run(task_vars={"inventory_hostname": "gpu1"})
+    assert time.monotonic() - begin < 15
+    time.sleep(0.5)
+    ps = subprocess.run(["pgrep", "-f", str(tmp_path / "fake_pip.py")], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", ps.stdout
