@@ -16,6 +16,17 @@ class Refused(Exception):
     """The known-good set cannot be trusted; the message names every copy and why."""
 
 
+def marker_matches(data, recorded):
+    """The release marker ``data`` (bytes) is the one whose sha256 was ``recorded``. A release the role
+    built (not found complete) used to be recorded with the hash of its text and a backslash-n where the file
+    has its final newline (a Jinja '\\n' in a YAML folded scalar stays two characters): that record names
+    exactly one file as well, this one, so the rollback of a host deployed then is not refused."""
+    recorded = str(recorded).lower()
+    if hashlib.sha256(data).hexdigest() == recorded:
+        return True
+    return data.endswith(b"\n") and hashlib.sha256(data[:-1] + b"\\n").hexdigest() == recorded
+
+
 def release_problems(meta, meta_path):
     """The SGLang release the known-good unit runs (``release`` of the metadata: its directory and marker with
     the marker's sha256) must still be there, unchanged: a unit naming a removed or rebuilt release is not
@@ -28,12 +39,13 @@ def release_problems(meta, meta_path):
     marker = release.get("marker") or ""
     try:
         with open(marker, "rb") as handle:
-            actual = hashlib.sha256(handle.read()).hexdigest()
+            data = handle.read()
     except OSError as exc:
         return [f"the release {release['path']} ({marker}: {exc.strerror or exc})"]
+    actual = hashlib.sha256(data).hexdigest()
     if os.path.dirname(os.path.normpath(marker)) != os.path.normpath(release["path"]):
         return [f"the release {release['path']} (its marker {marker} is not in it)"]
-    if actual != str(release["marker_sha256"]).lower():
+    if not marker_matches(data, release["marker_sha256"]):
         return [
             f"the release {release['path']} ({marker}: sha256 {actual[:12]}, "
             f"recorded {str(release['marker_sha256'])[:12]})"

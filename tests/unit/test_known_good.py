@@ -229,3 +229,31 @@ def test_missing_metadata_is_refused(run_module, host):
     result, failed = run_module("sglang_known_good", host["args"])
     assert failed and "cannot read the known-good metadata" in result["msg"]
     assert live(host) == FAILED and Path(host["args"]["dir"]).exists() is False
+
+
+def test_a_built_release_recorded_by_the_old_role_still_rolls_back_and_only_that(run_module, host):
+    """Issue 37 item 9: a release the role BUILT was recorded with the sha256 of its marker text followed by a
+    backslash and an 'n' (the role's Jinja '\\n' inside a YAML folded scalar is not a newline), while the
+    marker on disk ends in a newline. That record names exactly one file (the marker as written, whose last
+    newline it spells out), so the rollback of a host deployed by that role is not refused; any other
+    marker still is."""
+    release = host["tmp"] / "releases" / "0.5.23-py3.11-0123456789ab"
+    release.mkdir(parents=True)
+    marker = release / "sglang-deploy-install.json"
+    shutil.copy(FIXTURES / "host_probe" / "marker-lab.json", marker)
+    written = marker.read_bytes()
+    assert written.endswith(b"}\n")
+    recorded = {
+        "path": str(release),
+        "marker": str(marker),
+        "marker_sha256": hashlib.sha256(written[:-1] + b"\\n").hexdigest(),
+    }
+    host["keep"](GOOD, {"release": recorded})
+    leave_failed_deploy(host)
+    marker.write_bytes(written[:-1] + b" \n")  # another file whose last newline is there too
+    result, failed = run_module("sglang_known_good", host["args"])
+    assert failed and f"the release {release} ({marker}: sha256" in result["msg"], result
+    assert live(host) == FAILED and host["calls"] == []
+    marker.write_bytes(written)  # the marker the build wrote
+    result, failed = run_module("sglang_known_good", host["args"])
+    assert not failed and live(host) == GOOD, result
