@@ -288,19 +288,32 @@ options:
       config_path:
         description: As C(sglang_argv)'s.
         type: path
+  decide:
+    description:
+      - What the settings want and the run's mode, for the role's decision (module_utils/sglang_decide.py
+        C(decide)), made here with what this call read (RV(plan)); its refusals fail the call, naming what
+        the role must not touch, with the lock returned to be released.
+    type: dict
+    suboptions:
+      want:
+        description: As C(decide)'s O(want) (version, install source, paths the messages name, ...).
+        type: dict
+        default: {}
+      mode:
+        description: As C(decide)'s O(mode) (check, plan, rollout).
+        type: dict
+        default: {}
   prove:
     description:
       - With O(lock) and O(argv), outside check mode - prove the invocation that runs now in this same call,
         as C(sglang_verified_restart) with C(restart=false) does (one C(/health_generate) answer, the listener
         in the unit's cgroup, no older process, and the running-arguments assertion of the command line built
-        from O(argv)), when the host is converged - nothing for the role to install or set up, no pending
-        marker, no drop-in, the releases tidy, the unit loaded, enabled, active, running from the release, and
-        its unit, environment and --config files on disk the known-good ones (O(sha256), O(modes)).
-      - Proven, the deploy lock is released in this call (RV(released_lock)); a pass that renders the same
-        files changes nothing after it, and one that must write after all takes the lock again
-        (tasks/write.yml).
-      - Not proven, nothing is released and RV(proof) is null (RV(not_proven) says why), and the run goes on
-        as without this option.
+        from O(argv)), when the decision finds nothing blocking (C(decide)'s C(blockers)) - nothing for the
+        role to install or set up, no pending marker, no drop-in, the releases tidy, the unit loaded, enabled,
+        active, running from the release, and its unit, environment and --config files on disk the
+        known-good ones (O(sha256), O(modes)).
+      - Not proven, RV(proof) is null (RV(not_proven) says why), and the run goes on as without this option.
+      - The lock stays held either way; the role releases it once, at the end of its pass.
     type: dict
     suboptions:
       host:
@@ -362,10 +375,10 @@ proof:
       the assertion), when the host was converged and the proof held; else null.
   returned: with O(prove)
   type: dict
-released_lock:
-  description: With O(prove) - the token of the deploy lock released in this call after the proof, else empty.
-  returned: with O(prove)
-  type: str
+plan:
+  description: With O(decide) - the decision on what this call read, with nothing rendered yet (C(decide)).
+  returned: with O(decide)
+  type: dict
 not_proven:
   description: With O(prove) - why RV(proof) is null (the first reason found); empty when proven.
   returned: with O(prove)
@@ -421,6 +434,13 @@ bad_dirs:
   description:
     - The paths of O(dirs) and O(user_dirs) that are missing, not a directory, unreadable or have another
       owner, group or mode.
+  returned: always
+  type: list
+  elements: str
+linked_dirs:
+  description:
+    - The paths of O(user_dirs) reached through a symbolic link at or below O(user.home) (the service account
+      owns its home and could plant one pointing anywhere); the role refuses to touch them as root.
   returned: always
   type: list
   elements: str
@@ -493,12 +513,12 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
+from ansible.module_utils.sglang_decide import decide
 from ansible.module_utils.sglang_lock import (
     TAKE_OPTIONS,
     LockError,
     failure,
     on_every_end,
-    release_in_call,
     take,
 )
 from ansible.module_utils.sglang_proof import PROVE_OPTIONS, prove_running, unit_name
@@ -509,7 +529,6 @@ from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
 # The files a proof in the probe's call wants on disk as the known-good ones (O(sha256) names).
-FILES = ("unit", "env", "config")
 PROBE_PROPERTIES = (
     "LoadState",
     "ActiveState",
@@ -720,6 +739,25 @@ def dir_good(path, owner, group, mode):
     return stat.S_ISDIR(st.st_mode) and owned(st, owner, group, mode)
 
 
+def planted_links(paths, home):
+    """The paths of ``paths`` reached through a symbolic link at or below ``home``: the service account owns
+    its home and can plant one there; root must never follow it (chown /etc/... through a cache link)."""
+    found = []
+    for path in paths:
+        rel = os.path.relpath(path, home)
+        parts = [] if rel == "." else rel.split(os.sep)
+        at = home
+        for part in ["", *parts]:
+            at = os.path.join(at, part) if part else at
+            try:
+                if stat.S_ISLNK(os.lstat(at).st_mode):
+                    found.append(path)
+                    break
+            except OSError:
+                break
+    return found
+
+
 def file_digest(path, algorithm):
     digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:
@@ -850,38 +888,6 @@ def dropins(unit, dirs, loaded_text, limit):
     return out
 
 
-def unsettled(answer):
-    """Why the host is not converged for a proof in the probe's call (the first reason), or "". Every finding
-    that makes the role install or set up anything (vars/main.yml __sglang_install_steps, __sglang_prepare),
-    tidy the releases or restart is one: after a proof the lock is released; only a write takes it again."""
-    release, systemd, sha = answer.get("release") or {}, answer["systemd"], answer["sha256"]
-    reasons = (
-        (
-            "the command line was not built",
-            not isinstance(answer.get("argv"), dict),
-        ),
-        ("the unit does not run from the release", not release.get("running")),
-        ("the releases are not tidy", not release.get("tidy")),
-        ("the release is not complete", not (release.get("complete") and answer["venv"])),
-        ("packages are missing", bool(answer["missing_packages"])),
-        ("the service account is not as wanted", not (answer["group_ok"] and answer["user_ok"])),
-        ("directories or files are not as wanted", bool(answer["bad_dirs"] or answer["bad_files"])),
-        ("a pending marker is there", answer["pending"] is not None),
-        ("the unit has drop-ins", bool(answer["dropins"])),
-        ("a file's mode is not as wanted", not all(answer["modes_ok"].values())),
-        (
-            "the unit, environment or --config file is not the known-good one",
-            any(sha.get(name) is None or sha.get(name) != sha.get(f"known_good_{name}") for name in FILES),
-        ),
-        (
-            "the unit is not loaded, enabled and active",
-            (systemd.get("LoadState"), systemd.get("UnitFileState"), systemd.get("ActiveState"))
-            != ("loaded", "enabled", "active"),
-        ),
-    )
-    return next((reason for reason, applies in reasons if applies), "")
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -942,6 +948,10 @@ def main():
             pending=dict(type="path"),
             lock=dict(type="dict", options=TAKE_OPTIONS),
             argv=dict(type="dict", options=BUILD_OPTIONS),
+            decide=dict(
+                type="dict",
+                options=dict(want=dict(type="dict", default={}), mode=dict(type="dict", default={})),
+            ),
             prove=dict(type="dict", options=PROVE_OPTIONS),
         ),
         supports_check_mode=True,
@@ -1007,6 +1017,7 @@ def main():
             for item in dirs
             if not dir_good(item["path"], item["owner"], item["group"], item["mode"])
         ],
+        linked_dirs=planted_links(p["user_dirs"], user["home"]),
         group_ok=group_ok,
         user_ok=user_ok,
         bad_files=[item["path"] for item in files if not file_good(item)],
@@ -1018,18 +1029,20 @@ def main():
         **built,
     )
 
+    plan = decide(answer, None, (p["decide"] or {}).get("want"), (p["decide"] or {}).get("mode"))
+    if p["decide"] is not None:
+        answer["plan"] = plan
+        if plan["refusals"]:
+            module.fail_json(msg=" ".join(plan["refusals"]), **answer)
     if p["prove"] is not None:
-        answer.update(proof=None, released_lock="", not_proven="")
+        answer.update(proof=None, not_proven="")
         if p["lock"] is None or module.check_mode:
             answer["not_proven"] = "no deploy lock taken (check mode, or no lock option)"
+        elif plan["blockers"]:
+            answer["not_proven"] = plan["blockers"][0]
         else:
-            answer["not_proven"] = unsettled(answer)
-            if not answer["not_proven"]:
-                unit, release_path = unit_name(p["unit"]), answer["release"]["path"]
-                answer.update(prove_running(module, unit, p["prove"], answer["argv"], release_path))
-            if answer["proof"] is not None:
-                # A proven host changes nothing after this call: its lock goes now.
-                answer["released_lock"] = release_in_call(module, p["lock"], taken["token"])
+            unit, release_path = unit_name(p["unit"]), answer["release"]["path"]
+            answer.update(prove_running(module, unit, p["prove"], answer["argv"], release_path))
     module.exit_json(**answer)
 
 

@@ -120,9 +120,8 @@ def fixture_path():
 
 @pytest.fixture(scope="session", autouse=True)
 def _ansible_home(tmp_path_factory):
-    """The ansible-playbook runs of these tests keep what they write under ANSIBLE_HOME (ansible.cfg enables
-    callback_plugins/sglang_jinja_cache.py: the compiled templates) in a directory of their own, not in the
-    real home."""
+    """The ansible-playbook runs of these tests keep what they write under ANSIBLE_HOME (collections caches,
+    ControlPath sockets) in a directory of their own, not in the real home."""
     before = os.environ.get("ANSIBLE_HOME")
     os.environ["ANSIBLE_HOME"] = str(tmp_path_factory.mktemp("ansible-home"))
     yield

@@ -178,6 +178,7 @@ def test_nothing_installed_yet(run_module, host, tmp_path):
         "versions": [],
         "marker": None,
         "release": None,
+        "linked_dirs": [],
         "missing_packages": ["python3-venv", "rsync", "git"],
         "bad_dirs": [d["path"] for d in args["dirs"]] + args["user_dirs"],
         "group_ok": False,
@@ -377,6 +378,26 @@ def test_a_symlink_is_neither_a_directory_nor_a_file(run_module, host, tmp_path)
     assert result["modes_ok"] == {"unit": True, "env": False}
     # The hash is of the content it points to: the modes check is what refuses the link.
     assert result["sha256"]["env"] == sha256(tmp_path / "real-env")
+
+
+def test_a_link_the_service_account_planted_in_its_home_is_reported(run_module, host, tmp_path):
+    """The service account owns its home: a link it plants there (~/.cache -> a root-owned directory) must
+    never be followed by root; every user directory reached through it is named (linked_dirs)."""
+    build_good_host(tmp_path)
+    (tmp_path / "root-owned").mkdir(mode=0o755)
+    (tmp_path / "home" / ".cache").rmdir()
+    (tmp_path / "home" / ".cache").symlink_to(tmp_path / "root-owned")
+    args = want(tmp_path)
+    hf = str(tmp_path / "home" / ".cache" / "huggingface")
+    args["user_dirs"].append(hf)
+    args["user"] = dict(args["user"], home=str(tmp_path / "home"))
+    result, failed = run_module("sglang_host_probe", args)
+    assert not failed, result
+    assert result["linked_dirs"] == [str(tmp_path / "home" / ".cache"), hf]
+    # A refusal of the decision, naming them, before anything changes.
+    args["decide"] = {"want": {}, "mode": {}}
+    result, failed = run_module("sglang_host_probe", args)
+    assert failed and hf in result["msg"] and "symbolic link" in result["msg"], result
 
 
 @pytest.fixture

@@ -235,11 +235,6 @@ def test_without_the_listener_reader_the_key_is_withheld(host, capsys, tmp_path)
 PLAN_ACCOUNT_TASKS = REPO / "roles" / "sglang" / "tasks" / "plan-account.yml"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 37 item 4: roles/sglang/tasks/plan-account.yml (another engineer's file) still leaves the "
-    "plan account its own home; the task change is described in the issue's report",
-)
 def test_the_plan_account_cannot_replace_its_root_owned_ssh_directory():
     """Issue 37 item 4: an account that owns its home can rename the root-owned .ssh and put an
     authorized_keys of its own (without ``restrict``) in its place. The home is root's, not writable by the
@@ -278,11 +273,6 @@ def test_the_plan_account_cannot_replace_its_root_owned_ssh_directory():
     assert {"{{ __sglang_plan_home }}/.ansible", "{{ __sglang_plan_home }}/.cache"} <= paths, paths
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 37 item 4: roles/sglang/tasks/plan-account.yml (another engineer's file) does not install "
-    "module_utils/sglang_proc.py beside the probe yet; without it the probe never sends the key",
-)
 def test_the_probe_is_installed_with_its_listener_reader():
     """The probe fails closed without sglang_proc.py (test above): the role installs it beside the probe."""
     tasks = yaml.safe_load(PLAN_ACCOUNT_TASKS.read_text())

@@ -20,14 +20,10 @@ from conftest import REPO, run_playbook
 
 SENTINEL = "sk-sentinel-env-18"
 # What the running-arguments assertion gets as expected_env (vars/main.yml: __sglang_running_args, passed by
-# tasks/verify-proof.yml, tasks/verify-check.yml and tasks/service.yml, and built the same way in the host
-# probe's own proof, install.yml).
+# tasks/verify.yml and tasks/apply.yml, and built the same way in the host probe's own proof, main.yml).
+TASKS = REPO / "roles" / "sglang" / "tasks"
 ROLE_VARS = yaml.safe_load((REPO / "roles" / "sglang" / "vars" / "main.yml").read_text())
-VERIFY = [
-    task
-    for name in ("verify-proof.yml", "verify-check.yml")
-    for task in yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / name).read_text())
-]
+VERIFY = yaml.safe_load((TASKS / "verify.yml").read_text())
 PLAY = [
     {
         "name": "Render what the sglang role writes and asserts for the service environment",
@@ -183,14 +179,14 @@ def test_the_verification_passes_that_environment():
     assert ROLE_VARS["__sglang_running_args"] == (
         "{{ __sglang_argv | sglang_running_expectations(__sglang_running_base, __sglang_release_path) }}"
     )
-    # The host probe's own proof builds it from the same base (install.yml; sglang_host_probe's prove).
-    install = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "install.yml").read_text())
+    # The host probe's own proof builds it from the same base (main.yml; sglang_host_probe's prove).
+    main = yaml.safe_load((TASKS / "main.yml").read_text())
+    probe = next(t for t in main if "block" in t)["block"][0]
     assert (
-        install[0]["sglang_host_probe"]["prove"]
-        == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
+        probe["sglang_host_probe"]["prove"] == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
     )
     assert "'base': __sglang_running_base" in ROLE_VARS["__sglang_probe_prove"]
-    # Every call of the assertion in verify.yml's includes passes that one dict or its expected_env.
+    # Every call of the assertion in verify.yml passes that one dict or its expected_env.
     calls = 0
     for task in VERIFY:
         if "sglang_verified_restart" in task:
@@ -199,15 +195,16 @@ def test_the_verification_passes_that_environment():
         if "sglang_running_args" in task:
             assert task["sglang_running_args"]["expected_env"] == "{{ __sglang_running_args.expected_env }}"
             calls += 1
-    assert calls == 2, "the proof (verify-proof.yml) and the check-mode comparison (verify-check.yml)"
-    service = yaml.safe_load((REPO / "roles" / "sglang" / "tasks" / "service.yml").read_text())
+    assert calls == 2, "the proof and the check-mode comparison (verify.yml)"
+    apply = yaml.safe_load((TASKS / "apply.yml").read_text())
     restart = next(
-        t for t in service if "block" in t and any("sglang_verified_restart" in b for b in t["block"])
+        t for t in apply if "block" in t and any("sglang_verified_restart" in b for b in t["block"])
     )
     call = next(b for b in restart["block"] if "sglang_verified_restart" in b)["sglang_verified_restart"]
     assert call["running_args"] == "{{ __sglang_running_args }}"
     # The deploy is recorded by that same call (record): the known-good metadata and the history entry.
-    assert call["record"]["known_good"]["meta"]["expected_env"] == wanted
-    assert call["record"]["entry"]["env"] == wanted
+    assert call["record"] == "{{ __sglang_record }}"
+    assert ROLE_VARS["__sglang_record"]["known_good"]["meta"]["expected_env"] == wanted
+    assert ROLE_VARS["__sglang_record"]["entry"]["env"] == wanted
     plan = (REPO / "playbooks" / "plan.yml").read_text()
     assert f'expected_env: "{wanted}"' in plan
