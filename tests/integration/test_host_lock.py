@@ -8,7 +8,11 @@ Order (one module, top to bottom; each test leaves the baseline deployed and the
      and the second, run again, succeeds too. The time to refuse is printed (issue 14's note);
   2. a slow deploy killed with SIGKILL (its whole process group) while it holds the lock leaves the lock
      behind (its SSH ControlMaster lives on, so does its sshd on the host); the next deploy takes it over,
-     says so, and deploys the baseline.
+     says so, and deploys the baseline;
+  3. the same two deploys over plain SSH (ANSIBLE_SSH_ARGS without ControlMaster/ControlPersist, as the CI
+     jobs set it): every task has its own sshd on the host, so the one the lock was taken under is gone long
+     before the restart; the second deploy is still refused naming the holder, and the first one succeeds
+     without anyone having taken its lock (issue 37, item 1).
 """
 
 from __future__ import annotations
@@ -150,3 +154,52 @@ def test_lock_of_a_run_killed_with_sigkill_is_taken_over_and_reported(lab_host, 
     assert lock_record(lab_host) is None
     history = lab_host.history()
     assert history[-1]["result"] == "verified"
+
+
+# What the CI jobs export: it replaces ansible.cfg's ssh_args, so no ControlMaster, a new sshd per task.
+PLAIN_SSH = "-o ServerAliveInterval=15"
+
+
+def test_over_plain_ssh_the_lock_outlives_the_connection_it_was_taken_on(lab_host, workdir, monkeypatch):
+    monkeypatch.setenv("ANSIBLE_SSH_ARGS", PLAIN_SSH)  # read by the conftest's ansible_env() at each start
+    lab_host.ssh(f"rm -f {LOAD_GATE}")
+    first = start_playbook(lab_host, SLOW, workdir / "first.log")
+    try:
+        record = wait_for_restart_under_lock(lab_host, first, workdir / "first.log")
+        anchor = record["anchor"]
+        assert anchor["comm"].startswith("sshd"), record
+        # The sshd the lock was taken under ended with its task: what used to count as the holder's death.
+        gone = lab_host.ssh(f"test -d /proc/{anchor['pid']} && echo alive || echo gone").stdout.strip()
+        assert gone == "gone", f"sshd PID {anchor['pid']} still runs: the connection was shared"
+
+        rc, text = run_playbook(lab_host, FAST, workdir / "second.log", playbook="deploy.yml")
+        # Not "took over the deploy lock ... from a dead run: its process on this host (sshd ...) is gone".
+        assert "took over" not in text, around(text, "took over")
+        assert first.poll() is None, "the first deploy had ended: nothing was concurrent"
+        refusal = f"another deploy of sglang holds {LOCK_FILE}"
+        print("refusal:", around(text, refusal)[200:900])
+        assert rc != 0 and refusal in text, text[-3000:]
+        for part in (
+            f"ansible-playbook PID {first.pid} on controller {record['controller']['host']}",
+            "now restarting sglang.service with proof",
+            f"on this host {anchor['comm']} PID {anchor['pid']}",
+        ):
+            assert part in text, (part, around(text, refusal))
+        assert lock_record(lab_host)["token"] == record["token"]
+
+        lab_host.ssh(f"touch {LOAD_GATE}")
+        assert first.wait(timeout=600) == 0, (workdir / "first.log").read_text()[-6000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        lab_host.ssh(f"rm -f {LOAD_GATE}")
+    first_text = " ".join((workdir / "first.log").read_text().split())
+    assert "no longer holds the deploy lock" not in first_text
+    assert lock_record(lab_host) is None
+    assert lab_host.history()[-1]["result"] == "verified"
+    monkeypatch.delenv("ANSIBLE_SSH_ARGS")
+    rc, text = run_playbook(
+        lab_host, FAST, workdir / "baseline.log"
+    )  # the baseline, as the next test expects
+    assert rc == 0, text[-4000:]

@@ -69,6 +69,7 @@ def test_check_mode_writes_nothing(run_module, release):
         ("[1, 2]\n", "is not a JSON object"),
         ("{not json\n", "is not a JSON object"),
     ],
+    ids=["another-release", "not-an-object", "not-json"],
 )
 def test_a_marker_that_would_not_make_its_release_complete_is_refused(run_module, release, content, message):
     result, failed = run_module("sglang_release_marker", marker_args(release, content=content))
