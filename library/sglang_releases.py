@@ -53,6 +53,25 @@ options:
   link:
     description: A path to make a symlink to the release O(current) (requires O(current)).
     type: path
+  lock:
+    description:
+      - The deploy lock this run holds (C(sglang_lock)'s C(dir), C(name) and C(token)). Outside check mode
+        it must still be this run's before anything is removed or linked (its lease is renewed). The release
+        another run builds has no marker yet and would be removed as an interrupted build.
+    type: dict
+    suboptions:
+      dir:
+        description: The lock directory.
+        type: path
+        required: true
+      name:
+        description: The service the lock is for.
+        type: str
+        required: true
+      token:
+        description: The token C(sglang_lock) returned.
+        type: str
+        required: true
 """
 
 EXAMPLES = r"""
@@ -94,6 +113,7 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_lock import LOCK_OPTION, LockError, hold
 from ansible.module_utils.sglang_release import prune_plan
 
 
@@ -141,6 +161,7 @@ def main():
             known_good_meta=dict(type="path"),
             protect=dict(type="list", elements="path", default=[]),
             link=dict(type="path"),
+            lock=LOCK_OPTION,
         ),
         supports_check_mode=True,
     )
@@ -154,6 +175,11 @@ def main():
         protect.append(known_good_release(p["known_good_meta"]))
     protect = [path for path in protect if path]
     remove, kept = prune_plan(p["dir"], p["keep"], protect, p["marker_name"], p["current"])
+    if p["lock"] and not module.check_mode:
+        try:
+            hold(p["lock"], doing=f"tidying the releases in {p['dir']}")
+        except (LockError, OSError) as exc:
+            module.fail_json(msg=f"{exc} (nothing was removed)", removed=[])
     if not module.check_mode:
         for item in remove:
             doomed = item["path"]

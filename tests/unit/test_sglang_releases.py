@@ -121,3 +121,35 @@ def test_link_becomes_a_symlink_to_the_current_release_and_a_real_venv_is_left_a
     result, failed = run_module("sglang_releases", args)
     assert not failed and result["changed"] is False and "is not a symlink" in result["link"]
     assert link.is_dir() and not link.is_symlink()
+
+
+def test_a_run_whose_lock_was_taken_over_removes_nothing(run_module, tmp_path):
+    """Issue 37 item 1: the release another run builds now has no marker yet, so it looks like an interrupted
+    build; a run that lost its deploy lock must not remove it (nor re-point the link)."""
+    from ansible.module_utils import sglang_lock as lock_record
+
+    releases = tmp_path / "releases"
+    current = make_release(releases, "0.5.23", 1000)
+    building = make_release(releases, "0.5.24", 2000, complete=False)
+    directory = tmp_path / "run" / "sglang-deploy"
+    directory.mkdir(parents=True, mode=0o700)
+    held = lock_record.new_record(
+        {"name": "sglang", "doing": "installing", "lease": 60, "controller": {"host": "ctl-b", "pid": 8}},
+        None,
+        "b" * 32,
+    )
+    lock_record.write_record(str(directory / "sglang.lock"), held)
+    args = {
+        "dir": str(releases),
+        "keep": 1,
+        "marker_name": MARKER,
+        "current": current.name,
+        "link": str(tmp_path / "venv"),
+        "lock": {"dir": str(directory), "name": "sglang", "token": "a" * 32},
+    }
+    result, failed = run_module("sglang_releases", args)
+    assert failed and "no longer holds the deploy lock of sglang" in result["msg"], result
+    assert "ansible-playbook PID 8 on controller ctl-b" in result["msg"]
+    assert building.is_dir() and not (tmp_path / "venv").exists()
+    result, failed = run_module("sglang_releases", dict(args, lock=dict(args["lock"], token="b" * 32)))
+    assert not failed and not building.exists() and (tmp_path / "venv").is_symlink(), result
