@@ -1033,7 +1033,7 @@ def main():
     if p["decide"] is not None:
         answer["plan"] = plan
         if plan["refusals"]:
-            module.fail_json(msg=" ".join(plan["refusals"]), **answer)
+            module.fail_json(msg=" ".join(plan["refusals"]), plan=plan)
     if p["prove"] is not None:
         answer.update(proof=None, not_proven="")
         if p["lock"] is None or module.check_mode:

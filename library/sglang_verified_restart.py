@@ -138,27 +138,6 @@ options:
       clear_pending:
         description: The pending marker to remove (the C(clear_pending) option of C(sglang_history)).
         type: path
-  release_lock:
-    description:
-      - The deploy lock this run holds (C(sglang_lock)), released when this call ends - verified or failed,
-        not while it is pending (the action plugin calls again) - as C(sglang_lock) C(state=released) does
-        (only a lock that is still this run's is removed; another run's is left and warned). The role passes
-        it when the proof is the last step of a host's pass on the host (nothing to restart, install or tidy),
-        one round trip less per host. RV(released_lock) names the token released.
-    type: dict
-    suboptions:
-      dir:
-        description: The lock directory.
-        type: path
-        required: true
-      name:
-        description: The service the lock is for.
-        type: str
-        required: true
-      token:
-        description: The token the lock was taken with.
-        type: str
-        required: true
 attributes:
   check_mode:
     support: full
@@ -192,12 +171,6 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-released_lock:
-  description:
-    - With O(release_lock), the token of the deploy lock this call released; empty when it was not this
-      run's any more or could not be released (warned).
-  returned: with O(release_lock), when the call ended (not pending)
-  type: str
 invocation_id:
   description: InvocationID of the verified invocation.
   returned: when an invocation was accepted
@@ -298,7 +271,6 @@ from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
-from ansible.module_utils.sglang_lock import on_every_end, release_in_call
 from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_name, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_systemd import SystemctlError
@@ -329,14 +301,6 @@ ARGUMENT_SPEC = dict(
             clear_pending=dict(type="path"),
         ),
     ),
-    release_lock=dict(
-        type="dict",
-        options=dict(
-            dir=dict(type="path", required=True),
-            name=dict(type="str", required=True),
-            token=dict(type="str", required=True, no_log=False),
-        ),
-    ),
 )
 RUNNING = ("active", "activating", "reloading", "deactivating")
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
@@ -359,18 +323,6 @@ def checked_params(module):
     if params["record"] is not None and not (params["restart"] or params["baseline"]):
         module.fail_json(msg="record is only used with a restart (restart=true, or a baseline to continue)")
     return params
-
-
-def release_at_the_end(module, lock):
-    """Release ``lock`` in whatever ends this call - exit_json or fail_json, from here or from the Verifier -
-    unless it is pending (the action plugin calls again)."""
-
-    def released(result):
-        if result.get("pending"):
-            return result
-        return dict(result, released_lock=release_in_call(module, lock, lock["token"]))
-
-    on_every_end(module, released)
 
 
 def record_verified(module, spec, result):
@@ -441,8 +393,6 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = checked_params(module)
     unit = params["unit"]
-    if params["release_lock"] is not None and not module.check_mode:
-        release_at_the_end(module, params["release_lock"])
 
     # read: the unit as systemd has it now
     systemctl = module.get_bin_path("systemctl", required=True)

@@ -394,17 +394,3 @@ def release(directory, name, token):
         record,
         (f"the deploy lock of {name} is not this run's any more (left as it is): held by {describe(record)}"),
     )
-
-
-def release_in_call(module, params, token):
-    """Release this run's lock (``params``: its ``dir`` and ``name``) at the end of a module call that proved
-    the host (sglang_verified_restart's release_lock, sglang_host_probe's prove): the token released, or ""
-    when it was not released - what went wrong, or whose lock it is now, a warning, never a failure."""
-    try:
-        done, _, message = release(params["dir"], params["name"], token)
-    except (OSError, LockError) as exc:
-        module.warn(failure(params, exc))
-        return ""
-    if message:
-        module.warn(message)
-    return token if done else ""

@@ -455,8 +455,12 @@ def test_fresh_host_converges_and_second_run_changes_nothing(sample_lab):
     assert argv[0].startswith(f"/opt/sglang/releases/{sample['sglang_version']}-py3.") and argv[0].endswith(
         "/bin/python"
     ), argv
-    assert argv[1] == "/opt/sglang-lab/sglang_lab_server.py", argv
-    args = argv[2:]
+    assert argv[1:4] == [
+        "/usr/local/lib/sglang-deploy/sglang_launch.py",
+        "--script",
+        "/opt/sglang-lab/sglang_lab_server.py",
+    ], argv
+    args = argv[4:]
     # (the first flag of each dest in SGLang 0.5.23's parser, which the role's sglang_argv picks)
     for flag, value in (
         ("--tp-size", sample["sglang_tp_size"]),

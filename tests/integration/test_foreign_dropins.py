@@ -99,7 +99,7 @@ def test_a_foreign_dropin_fails_the_deploy_untouched_and_is_drift(lab_host, tmp_
         after = lab_host.state()
         assert r.returncode != 0, r.stdout[-4000:]
         text = flat(r)
-        assert "Fail on drop-ins of the unit that the role did not render" in text
+        assert "Take the deploy lock and probe the host" in text and "did not render" in text
         assert f"{DROPIN}: [Service] | User=root" in text and "(nothing was changed)" in text
         assert after == before, (before, after)
         assert lab_host.ssh(f"test -e {DROPIN}").returncode == 0

@@ -44,26 +44,14 @@ WINDOW_FLAG = '"--speculative-draft-window-size" "{}"'
 # Task names of roles/sglang.
 RENDER_UNIT = "Install the systemd unit, the environment file and the --config file"
 PREFLIGHT = "Parse and resolve the command line with the host's SGLang"
-# roles/sglang/tasks/configure.yml includes parse.yml (the preflight and its record) only when it has a
-# parse to do.
-PREFLIGHT_INCLUDE = "Parse and resolve the command line with the host's SGLang (parse.yml)"
 RESTART = "Restart SGLang and wait until the new invocation is ready and stable"
-# roles/sglang/tasks/main.yml includes apply.yml only when a file is written or a restart follows: a run with
-# nothing to change ends the role before it (configure.yml), and before the parse and verify.yml.
-APPLY_INCLUDE = "Write the files and restart SGLang with proof when its configuration changed (apply.yml)"
-# apply.yml includes service.yml (the restart and everything around it) only when a restart was decided or a
-# file written.
-RESTART_INCLUDE = "Restart SGLang with proof when its configuration changed"
-# apply.yml includes write.yml (the lock renewal, the router leave, the unit module) only when a file is
-# written or, outside check mode, a restart follows.
-WRITE_INCLUDE = "Renew the lock, leave the router(s) and write the files (write.yml)"
-# roles/sglang/tasks/verify.yml includes its own proof (verify-proof.yml) only when no call of the pass proved
-# the invocation.
-VERIFY_INCLUDE = "Prove the running invocation (verify-proof.yml, in check mode verify-check.yml)"
+# roles/sglang/tasks/main.yml includes apply.yml (the lease, the router leave, the write, the verified
+# restart) only when the decision writes a file or restarts.
+APPLY_INCLUDE = "Write the files and restart SGLang with proof (apply.yml)"
+INSTALL_INCLUDE = "Install what the host lacks (install.yml)"
 VERIFY = "Prove the running invocation is healthy, owns its port and runs the intended arguments"
 RELEASE_LOCK = "Release the deploy lock of the service"
 KEEP = "Keep the running-arguments assertion of this invocation"
-RETAKE = "Take the deploy lock again for the restart"
 LOCK_DIR = "/run/sglang-deploy"
 
 
@@ -82,14 +70,14 @@ def task_status(r, name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def assert_role_ended_converged(r) -> None:
+def assert_role_converged(r) -> None:
     """A pass on a host with nothing to change: the running-arguments assertion the host probe's call proved
-    is kept, and the role ends there (configure.yml, meta end_role): no task of the changing path is
-    evaluated, not even as a skipped one (the parse, the write and restart, the proof, the lock release)."""
+    is kept; the install, the parse, the write and restart and the pass's own proof are skipped as one task
+    each (the decision: module_utils/sglang_decide.py); the lock is released in main.yml's always."""
     assert task_status(r, KEEP) == "ok", r.stdout[-6000:]
-    changing_path = (PREFLIGHT_INCLUDE, APPLY_INCLUDE, WRITE_INCLUDE, RESTART_INCLUDE, VERIFY_INCLUDE)
-    for name in (*changing_path, RELEASE_LOCK):
-        assert task_status(r, name) is None, (name, r.stdout[-6000:])
+    for name in (INSTALL_INCLUDE, PREFLIGHT, APPLY_INCLUDE, VERIFY):
+        assert task_status(r, name) == "skipping", (name, r.stdout[-6000:])
+    assert task_status(r, RELEASE_LOCK) == "ok", r.stdout[-6000:]
     # The play's report follows (playbooks/tasks/deploy_report.yml), with what the probe's call proved.
     report = r"TASK \[Show the verified running arguments and write the full report\][^\n]*\nok: \["
     assert re.search(report, r.stdout), r.stdout[-6000:]
@@ -145,8 +133,8 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         # SGLang still checks the command line.
         r = run(lab_host, "check mode", "-e", "window=4096", "--check", "--diff", extra=FAST_VERIFY)
         ok(r)
-        # Nothing is written in check mode: the write is not even included.
-        assert task_status(r, WRITE_INCLUDE) == "skipping", r.stdout[-6000:]
+        # Nothing is written in check mode: the files on disk are current, so sglang_unit is skipped.
+        assert task_status(r, RENDER_UNIT) == "skipping", r.stdout[-6000:]
         assert task_status(r, PREFLIGHT) == "ok", r.stdout[-6000:]
         assert (
             "Would restart sglang.service and verify it: the unit on disk is not the one last verified"
@@ -172,16 +160,13 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         assert f"the unit on disk is not the one last verified ({KNOWN_GOOD_UNIT})" in record["reasons"]
         assert lab_host.read_bytes(KNOWN_GOOD_UNIT) == interrupted
 
-        # Converged: the same run again changes nothing and restarts nothing. Current and verified: the role
-        # ends after the restart decision (configure.yml), so neither the write and restart nor the preflight
-        # is even evaluated.
+        # Converged: the same run again changes nothing and restarts nothing; current and verified, so neither
+        # the write and restart nor the preflight runs.
         r = run(lab_host, "re-run", "-e", "window=4096", extra=FAST_VERIFY)
         ok(r)
         assert "changed=0" in recap(r), recap(r)
-        assert_role_ended_converged(r)
+        assert_role_converged(r)
         assert task_status(r, RESTART) is None, r.stdout[-6000:]
-        assert task_status(r, RENDER_UNIT) is None, r.stdout[-6000:]
-        assert task_status(r, PREFLIGHT) is None, r.stdout[-6000:]
         assert lab_host.state() == after
     finally:
         ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
@@ -206,18 +191,16 @@ def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_ho
         lab_host.ssh(f"chmod 0600 {ENV_PATH}")
 
 
-def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_the_lock_again(lab_host):
-    """The host probe proves an unchanged host in its own call and releases the deploy lock there: a no-change
-    pass makes no other call to the host (verify.yml's include of its proof and the lock release are
-    skipped). A change the running arguments do not show (a variable of sglang_environment) is proven
-    converged too, then found by the render: the pass takes the lock again (retake.yml), finds the host as
-    the probe did, and restarts verified onto the new environment file."""
+def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_keeps_the_lock(lab_host):
+    """The host probe proves an unchanged host in its own call: a no-change pass makes no other proof call
+    (verify.yml's is skipped). A change the running arguments do not show (a variable of sglang_environment)
+    is proven too, then found by the decision once the files are rendered: the pass still holds the lock it
+    took in the probe's call and restarts verified onto the new environment file; the lock goes at the end."""
     before = lab_host.state()
     r = run(lab_host, "no change", "-e", "window=2048", extra=FAST_VERIFY)
     ok(r)
     assert "changed=0" in recap(r), recap(r)
-    assert_role_ended_converged(r)
-    assert task_status(r, VERIFY) is None, r.stdout[-6000:]
+    assert_role_converged(r)
     assert lab_host.ssh(f"ls -A {LOCK_DIR}").stdout.strip() == ""
     assert lab_host.state().invocation_id == before.invocation_id
 
@@ -225,7 +208,6 @@ def test_a_converged_host_is_proven_in_the_probes_call_and_a_later_write_takes_t
     try:
         r = run(lab_host, "environment variable added", "-e", "window=2048", extra=extra)
         ok(r)
-        assert task_status(r, RETAKE) == "ok", r.stdout[-6000:]
         assert task_status(r, RESTART) == "changed", r.stdout[-6000:]
         after = lab_host.state()
         assert after.invocation_id != before.invocation_id

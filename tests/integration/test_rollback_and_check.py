@@ -25,9 +25,13 @@ pytestmark = pytest.mark.lab
 SENTINEL = "SENTINEL-SECRET-9f3c"
 AWKWARD_MODEL = "/srv/models/lab target 100%"
 AWKWARD_NAME = "lab \"$HOME\" 'q' 100%"
-# The lab launcher (inventory/lab/group_vars/lab/lab.yml) with the role's default venv.
-# The launcher is the release's python (/opt/sglang/releases/0.5.23-...) and the lab server.
-LAB_SERVER = "/opt/sglang-lab/sglang_lab_server.py"
+# The lab launcher (inventory/lab/group_vars/lab/lab.yml) with the role's default venv: the release's python
+# (/opt/sglang/releases/0.5.23-...) runs the redacting launcher, which runs the lab server.
+LAB_SERVER = [
+    "/usr/local/lib/sglang-deploy/sglang_launch.py",
+    "--script",
+    "/opt/sglang-lab/sglang_lab_server.py",
+]
 CONFIG_PATH = "/etc/sglang/sglang.yaml"
 
 
@@ -78,7 +82,7 @@ def test_awkward_values_round_trip_to_the_process(lab_host, awkward_secret):
     # The intended argv as the role recorded it: the key is not in it, SGLang reads it from --config.
     release = lab_host.ssh("ls -d /opt/sglang/releases/0.5.23-*").stdout.split()
     assert len(release) == 1, release
-    intended = [f"{release[0]}/bin/python", LAB_SERVER] + shlex.split(record["argv"])
+    intended = [f"{release[0]}/bin/python", *LAB_SERVER] + shlex.split(record["argv"])
     assert argv == intended
     assert "--api-key" not in argv and value_after(argv, "--config") == CONFIG_PATH
     assert value_after(argv, "--model-path") == AWKWARD_MODEL
@@ -108,6 +112,11 @@ def test_secret_appears_nowhere_but_sglangs_config_file(lab_host, awkward_secret
     assert f"--config {CONFIG_PATH}" in show and SENTINEL not in show
     history = lab_host.ssh("cat /var/lib/sglang-deploy/history.jsonl").stdout
     assert SENTINEL not in history
+    # The journal (readable by adm and systemd-journal, shipped wherever logs go): the launcher redacts the
+    # key in the server's own process, and the server_args= line the assertion reads is still there.
+    journal = lab_host.ssh("journalctl -u sglang.service --no-pager -o cat").stdout
+    assert SENTINEL not in journal
+    assert "server_args=" in journal and "<redacted>" in journal, journal[-3000:]
     assert SENTINEL not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
     # SGLang's --config file carries it: readable by root and the service's group only.
     assert lab_host.ssh(f"stat -c '%a %U %G' {CONFIG_PATH}").stdout.split() == ["640", "root", "sglang"]

@@ -162,11 +162,13 @@ def test_only_the_api_key_reference_is_substituted_in_the_unit(rendered):
 
 
 def test_execstart_names_the_release_not_sglang_venv(rendered):
-    """Issue 14 item 1: the default launcher "{{ sglang_venv }}/bin/sglang" names the release's script."""
+    """Issue 14 item 1: the default launcher "{{ sglang_venv }}/bin/python" names the release's python, which
+    runs the redacting launcher and `sglang serve` (issue 37 item 7)."""
     unit = rendered["nccl-on"]["unit"]
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     release = "/opt/sglang/releases/0.5.23-py3.11-0123456789ab"
-    assert line.startswith(f'ExecStart="{release}/bin/sglang" "serve"'), line
+    launch = "/usr/local/lib/sglang-deploy/sglang_launch.py"
+    assert line.startswith(f'ExecStart="{release}/bin/python" "{launch}" "serve"'), line
     assert "/opt/sglang/venv" not in unit
 
 
