@@ -24,7 +24,7 @@ description:
   - The unit's drop-ins (RV(dropins)) - the C(DropInPaths) systemd has loaded and every C(*.conf) on disk in
     the unit's drop-in directories of O(dropin_dirs) (also those a C(daemon-reload) has not loaded yet), each
     with its first lines, secrets redacted (module_utils/sglang_redact). The sglang role renders none, so each
-    one is a finding (tasks/dropins.yml).
+    one is a finding (the decision refuses them, module_utils/sglang_decide.py).
   - Needs no root. What it cannot read (a file, a directory, a marker it has no permission for) is
     reported as not good (a missing sha256, a bad directory or file, no marker), never as an error, so
     a check-mode plan run as another account shows a difference instead of failing.
@@ -365,7 +365,7 @@ EXAMPLES = r"""
     modes:
       unit: {path: /etc/systemd/system/sglang.service, mode: "0644"}
       config: {path: /etc/sglang/sglang.yaml, mode: "0640", group: sglang}
-  register: __sglang_probe_result
+  register: __sglang_probe
 """
 
 RETURN = r"""

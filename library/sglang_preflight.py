@@ -34,6 +34,12 @@ options:
     type: list
     elements: str
     required: true
+  run_as:
+    description:
+      - Run SGLang's parse as this account (the service's, through C(setpriv)) instead of root: resolving a
+        command line reads the model's configuration, and with C(--trust-remote-code) imports the model's own
+        Python. Its C(HOME) is that account's home unless O(env) sets one.
+    type: str
   config_keys:
     description:
       - Keys of the C(--config) YAML file the argv names (the secrets), the values of the C(config_keys)
@@ -126,6 +132,7 @@ stderr:
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import tempfile
@@ -330,6 +337,23 @@ def with_config_copy(argv, config_keys, directory):
     return argv[:position] + [path] + argv[position + 1 :]
 
 
+def as_account(module, name, scratch, env):
+    """(command prefix, environment) that run the parse as the account ``name`` (none: as it is): its
+    scratch directory (the placeholder --config copy, no secret) handed to it."""
+    if not name:
+        return (), env
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        module.fail_json(msg=f"run_as: no account {name!r} on the host")
+    os.chown(scratch, account.pw_uid, account.pw_gid)
+    for entry in os.listdir(scratch):
+        os.chown(os.path.join(scratch, entry), account.pw_uid, account.pw_gid)
+    setpriv = module.get_bin_path("setpriv", required=True)
+    prefix = (setpriv, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--")
+    return prefix, dict({"HOME": account.pw_dir}, **env)
+
+
 def cache_key(argv, device, env, meta, values, config_keys=()):
     material = {
         "argv": argv,
@@ -399,8 +423,15 @@ def preflight(module, params):
     scratch = tempfile.mkdtemp(prefix="sglang-preflight.")  # 0700
     try:
         run_argv = with_config_copy(run_argv, params["config_keys"], scratch)
+        prefix, env = as_account(module, params["run_as"], scratch, env)
         rc, out, err = run_python(
-            module, python, RESOLVE_SCRIPT, params["timeout"], env, data=json.dumps({"argv": run_argv})
+            module,
+            python,
+            RESOLVE_SCRIPT,
+            params["timeout"],
+            env,
+            data=json.dumps({"argv": run_argv}),
+            prefix=prefix,
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -441,6 +472,7 @@ def main():
             argv=dict(type="list", elements="str", required=True),
             device=dict(type="str"),
             config_keys=dict(type="list", elements="str", default=[], no_log=False),
+            run_as=dict(type="str"),
             # Not no_log: Ansible would then mask every value of the environment in all the output,
             # so each "1" and "0" (NCCL_P2P_DISABLE=1, CUDA_VISIBLE_DEVICES=0) in SGLang's error text
             # became "********". Only the values of secret-named variables are masked (below).

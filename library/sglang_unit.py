@@ -121,7 +121,7 @@ EXAMPLES = r"""
     env_path: /etc/sglang/sglang.env
     env_content: "{{ lookup('ansible.builtin.template', 'etc/sglang/sglang.env.j2') }}"
     previous_dir: /var/lib/sglang-deploy/previous
-  register: __sglang_files
+  register: __sglang_write
 """
 
 RETURN = r"""

@@ -125,7 +125,7 @@ def prove_running(module, unit, prove, argv, release_path):
         host=prove["host"],
         port=prove["port"],
         api_key=prove["api_key"],
-        # As verify-proof.yml's proof; the budget below ends the wait at once.
+        # As verify.yml's proof; the budget below ends the wait at once.
         ready_timeout=30,
         stable_seconds=0,
         health_count=1,

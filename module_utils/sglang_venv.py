@@ -64,14 +64,15 @@ def parse_marked(stdout):
     return None
 
 
-def run_python(module, python, script, timeout, env=None, data=None):
-    """Run ``script`` in ``python`` (list form, LANG=C, $ not expanded), bounded by ``timeout``."""
+def run_python(module, python, script, timeout, env=None, data=None, prefix=()):
+    """Run ``script`` in ``python`` (list form, LANG=C, $ not expanded), bounded by ``timeout``; ``prefix``
+    runs it through another command first (setpriv: as another account)."""
     environ = {"LANG": "C", "LC_ALL": "C", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     environ.update({str(k): str(v) for k, v in (env or {}).items()})
     # SIGALRM's default action ends the interpreter even inside a C extension import.
     wrapped = f"import signal\nsignal.alarm({int(timeout)})\n" + script
     return module.run_command(
-        [python, "-c", wrapped],
+        [*prefix, python, "-c", wrapped],
         environ_update=environ,
         cwd="/",
         data=data,

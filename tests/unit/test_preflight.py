@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 from pathlib import Path
 
@@ -109,6 +110,39 @@ def test_good_argv_resolves_then_hits_the_cache(run_module, fake_python, tmp_pat
     replay.run = "good-window-2048"
     third, _ = run_module("sglang_preflight", args_for(fake_python, changed_argv, tmp_path / "c"))
     assert third["cached"] is False  # another argv is another key
+
+
+def test_the_parse_runs_as_the_service_account_never_root(
+    run_module, fake_python, tmp_path, replay, monkeypatch
+):
+    """Issue 37 item 3: resolving reads the model's configuration and, with trust_remote_code, imports its
+    Python: it runs as the account given (setpriv), with its home, its --config copy handed to it."""
+    nobody = pwd.getpwnam("nobody")
+    answer = AnsibleModule.run_command
+    owners = []
+
+    def run_command(self, args, **kwargs):
+        if kwargs.get("data"):
+            argv = json.loads(kwargs["data"])["argv"]
+            owners.append(os.stat(argv[argv.index("--config") + 1]).st_uid)
+        return answer(self, args, **kwargs)
+
+    monkeypatch.setattr(AnsibleModule, "run_command", run_command)
+    replay.run = "good-window-2048"
+    argv = GOOD + ["--config", "/etc/sglang/sglang.yaml"]
+    args = dict(args_for(fake_python, argv, tmp_path / "c", run_as="nobody"), config_keys=["api-key"])
+    result, failed = run_module("sglang_preflight", args)
+    assert not failed, result
+    probe, resolve = replay
+    assert not probe["args"][0].endswith("/setpriv")
+    assert resolve["args"][0].endswith("/setpriv") and resolve["args"][1:5] == [
+        f"--reuid={nobody.pw_uid}",
+        f"--regid={nobody.pw_gid}",
+        "--init-groups",
+        "--",
+    ], resolve["args"][:6]
+    assert resolve["kwargs"]["environ_update"]["HOME"] == nobody.pw_dir
+    assert owners == [nobody.pw_uid]
 
 
 def test_check_mode_writes_no_cache(run_module, fake_python, tmp_path, replay):
