@@ -17,11 +17,12 @@ mode      check, plan, rollout (the first play of playbooks/sglang.yml over seve
           anything to change waits for the rolling play).
 
 The plan: ``refusals`` (each message whole), ``install`` (what install.yml brings to the wanted state),
-``inspectable``, ``build_argv``, ``files`` (which file changes; ``current``: nothing to write; ``verified``:
-the files are the last verified ones), ``write``, ``parse``, ``restart`` (each reason {name, current, desired,
-text}, as kolla-ansible's compare_container returns its differences), ``restart_now``, ``defer``,
-``tidy_releases``, ``prove`` (verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the
-host is not converged, first first).
+``inspectable``, ``build_argv``, ``prepare`` (install.yml has work), ``files`` (which file changes;
+``current``: nothing to write; ``verified``: the files are the last verified ones), ``write``, ``apply``
+(apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired, text}, as kolla-ansible's
+compare_container returns its differences), ``restart_now``, ``defer``, ``tidy_releases``, ``prove``
+(verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the host is not converged, first
+first).
 """
 
 from __future__ import annotations
@@ -285,15 +286,23 @@ def decide(probe, rendered, want, mode):
         and not want.get("plan_account")
     )
     restart = acts and not check and bool(reasons) and inspectable
+    needed, check_only = acts and install["needed"], check and install["release"]
+    plan_account = acts and bool(want.get("plan_account"))
+    build_argv = acts and inspectable and not isinstance(probe.get("argv"), dict)
+    write = acts and inspectable and rendered is not None and not current
     return {
         "refusals": refused,
         "dropins": {"found": dropins, "refusal": dropin_msg, "move": [d["path"] for d in moved]},
-        "install": dict(install, needed=acts and install["needed"], check_only=check and install["release"]),
-        "plan_account": acts and bool(want.get("plan_account")),
+        "install": dict(install, needed=needed, check_only=check_only),
+        "plan_account": plan_account,
         "inspectable": inspectable,
-        "build_argv": acts and inspectable and not isinstance(probe.get("argv"), dict),
+        "build_argv": build_argv,
+        # install.yml has something to do: install, the plan account, check mode's note, the command line.
+        "prepare": needed or check_only or plan_account or build_argv,
         "files": dict(changes, current=current, verified=verified),
-        "write": acts and inspectable and rendered is not None and not current,
+        "write": write,
+        # apply.yml has something to do: a write, a restart, or check mode's account of them.
+        "apply": write or restart or (check and bool(reasons) and acts),
         # A host the first play leaves to the rolling play is parsed there too: a command line its SGLang
         # refuses fails the run before any host rolls (the host caches an accepted parse).
         "parse": not refused and inspectable and rendered is not None and not verified,

@@ -92,7 +92,15 @@ CASES = [
         lambda p: with_unit(on_disk(p)),
         {},
         DEPLOY,
-        dict(converged=False, restart=["unit"], write=True, restart_now=True, parse=True, defer=False),
+        dict(
+            converged=False,
+            restart=["unit"],
+            write=True,
+            restart_now=True,
+            parse=True,
+            defer=False,
+            apply=True,
+        ),
     ),
     (
         "weights revision change (the environment file)",
@@ -116,7 +124,9 @@ CASES = [
         lambda p: with_unit(on_disk(p)),
         {},
         ROLLOUT,
-        dict(defer=True, write=False, restart_now=False, prove=False, parse=True, restart=["unit"]),
+        dict(
+            defer=True, write=False, restart_now=False, prove=False, parse=True, restart=["unit"], apply=False
+        ),
     ),
     (
         "rolling deferral: a converged host is verified in the first play",
@@ -142,7 +152,7 @@ CASES = [
         on_disk,
         {"plan_account": True},
         DEPLOY,
-        dict(converged=False, plan_account=True, restart=[], write=False, prove=False),
+        dict(converged=False, plan_account=True, prepare=True, restart=[], write=False, prove=False),
     ),
     (
         "pending marker: an interrupted run is restarted with proof",
@@ -218,12 +228,15 @@ def test_an_incomplete_release_is_installed_then_its_command_line_built():
     assert probe["argv"] is None
     deploy = decide(probe, None, WANT, DEPLOY)
     assert deploy["install"]["needed"] and deploy["install"]["release"] and deploy["build_argv"]
+    assert deploy["prepare"] and not deploy["apply"]
     assert not deploy["converged"] and "the release is not complete" in deploy["blockers"]
     check = decide(probe, None, WANT, CHECK)
     assert not check["inspectable"] and check["install"]["check_only"] and not check["build_argv"]
+    assert check["prepare"] and not check["apply"]
     assert not check["prove"] and not check["tidy_releases"]
     rolled = decide(probe, None, WANT, ROLLOUT)
     assert rolled["defer"] and not rolled["install"]["needed"] and not rolled["build_argv"]
+    assert not rolled["prepare"]
 
 
 def test_a_release_holding_another_version_is_refused():
