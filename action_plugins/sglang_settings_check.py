@@ -436,6 +436,17 @@ def check_service(s):
             f" must be POSIX user/group names; sglang_service_name={json.dumps(name)}: letters, digits,"
             " _ . - without the .service suffix"
         )
+    # The service account runs network-facing code (and any trust_remote_code model code); the plan account
+    # reads what root's probe hands it. Neither may be root, nor the other.
+    accounts = {"sglang_user": s["sglang_user"], "sglang_plan_user": s.get("sglang_plan_user")}
+    for key, value in accounts.items():
+        if value in ("root", 0, "0"):
+            errors.append(f"{key}={json.dumps(value)}: must not be root (the role runs it with no privilege)")
+    if accounts["sglang_plan_user"] is not None and accounts["sglang_plan_user"] == accounts["sglang_user"]:
+        errors.append(
+            f"sglang_plan_user={json.dumps(accounts['sglang_plan_user'])}: must differ from sglang_user (the"
+            " plan account may read what the service account cannot, and must not read what it can)"
+        )
     interval, burst, restart = (
         s["sglang_start_limit_interval_sec"],
         s["sglang_start_limit_burst"],

@@ -104,6 +104,9 @@ def test_the_role_defaults_pass(settings):
             " sglang_speculative_algorithm=DFLASH",
         ),
         ("sglang_user", "Root", 'sglang_user="Root", sglang_group="sglang": must be POSIX user/group names'),
+        ("sglang_user", "root", 'sglang_user="root": must not be root'),
+        ("sglang_plan_user", "root", 'sglang_plan_user="root": must not be root'),
+        ("sglang_plan_user", "sglang", 'sglang_plan_user="sglang": must differ from sglang_user'),
         ("sglang_service_name", "sglang.service", 'sglang_service_name="sglang.service": letters, digits'),
         (
             "sglang_start_limit_interval_sec",
