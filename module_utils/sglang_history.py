@@ -8,6 +8,7 @@ records a verified restart in the call that verified it). Standard library only.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -101,31 +102,45 @@ def switch_known_good(link, files):
     """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
     ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
     symlink over it, and the generation it replaced is removed. A reader (the rollback, the boot-time heal)
-    sees the old set or the new one, never a mix. ``link`` still a real directory (a set kept by an older
-    version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is not atomic: a crash
-    right after it leaves no known-good set, and the next run restarts with proof as on a fresh host)."""
+    sees the old set or the new one, never a mix. The other services' files of the current generation are
+    carried into the new one (one known-good directory serves every service of the host), under a flock of
+    the parent directory so that two services switching at once lose neither. ``link`` still a real
+    directory (a set kept by an older version of the role) is first renamed to ``<link>.legacy-<ns>`` (the
+    one step that is not atomic: a crash right after it leaves no known-good set, and the next run restarts
+    with proof as on a fresh host)."""
     link = link.rstrip("/")
     parent, base = os.path.dirname(link) or ".", os.path.basename(link)
     os.makedirs(parent, mode=0o750, exist_ok=True)
-    stamp = time.time_ns()
-    generation = f"{base}.{stamp}"
-    new = os.path.join(parent, generation)
-    os.mkdir(new, 0o700)
-    os.chmod(new, 0o700)
-    for name, data in files.items():
-        replace_file(os.path.join(new, name), data, 0o600)
-    fsync_dir(new)
-    if os.path.isdir(link) and not os.path.islink(link):
-        os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
-    tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(generation, tmp)
-    os.rename(tmp, link)
-    fsync_dir(parent)
-    for name in os.listdir(parent):
-        if name.startswith(base + ".") and name != generation:
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    guard = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stamp = time.time_ns()
+        generation = f"{base}.{stamp}"
+        new = os.path.join(parent, generation)
+        os.mkdir(new, 0o700)
+        os.chmod(new, 0o700)
+        kept = dict(files)
+        if os.path.isdir(link):
+            for name in sorted(os.listdir(link)):
+                if name not in kept and os.path.isfile(os.path.join(link, name)):
+                    with open(os.path.join(link, name), "rb") as handle:
+                        kept[name] = handle.read()
+        for name, data in kept.items():
+            replace_file(os.path.join(new, name), data, 0o600)
+        fsync_dir(new)
+        if os.path.isdir(link) and not os.path.islink(link):
+            os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
+        tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(generation, tmp)
+        os.rename(tmp, link)
+        fsync_dir(parent)
+        for name in os.listdir(parent):
+            if name.startswith(base + ".") and name != generation:
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    finally:
+        os.close(guard)
 
 
 def read_pending(path):

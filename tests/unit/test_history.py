@@ -138,6 +138,48 @@ def test_known_good_set_is_switched_by_one_rename_of_a_symlink(run_module, tmp_p
     assert (legacy / "sglang.service").read_text().endswith("4096\n")
 
 
+def test_the_known_good_switch_of_one_service_keeps_the_other_services_sets(run_module, tmp_path):
+    """Issue 37 item 10: one known-good directory serves every service of the host; switching the set of one
+    carries the others' files into the new generation instead of deleting them."""
+    state = tmp_path / "state"
+    link = state / "known-good"
+
+    def keep(service, window):
+        unit, env = tmp_path / f"{service}.service", tmp_path / f"{service}.env"
+        unit.write_text(f"[Service]\nExecStart=/bin/true {window}\n")
+        env.write_text(f"W={window}\n")
+        args = {
+            "path": str(tmp_path / "history.jsonl"),
+            "record": {"result": "verified", "unit": f"{service}.service"},
+            "known_good": {
+                "dir": str(link),
+                "files": {"unit": str(unit), "env": str(env)},
+                "meta_name": f"{service}.json",
+                "meta": {"window": window},
+                "api_key": "",
+            },
+        }
+        result, failed = run_module("sglang_history", args)
+        assert not failed, result
+
+    keep("sglang", 2048)
+    keep("sglang-b", 4096)
+    assert sorted(p.name for p in link.iterdir()) == [
+        "sglang-b.env",
+        "sglang-b.json",
+        "sglang-b.service",
+        "sglang.env",
+        "sglang.json",
+        "sglang.service",
+    ]
+    keep("sglang", 1024)
+    assert (link / "sglang.env").read_text() == "W=1024\n" and (
+        link / "sglang-b.env"
+    ).read_text() == "W=4096\n"
+    assert json.loads((link / "sglang-b.json").read_text())["window"] == 4096
+    assert len([p for p in state.iterdir() if p.name.startswith("known-good.")]) == 1
+
+
 def test_known_good_keeps_the_verified_files_and_records_their_hashes(run_module, tmp_path):
     import hashlib
 
