@@ -7,6 +7,8 @@
    restarted (new InvocationID) and verified; the process does not run as root; the history says why.
 3. A flag the role did not render in the RUNNING process (a drop-in's ExecStart, restarted by hand, the
    drop-in then removed: the unit is clean, only the process differs): the deploy fails naming the flag.
+4. A link the service account planted in its home (~/.cache -> a root-owned directory): the deploy fails
+   before it changes anything and root never chowns the link's target (P23).
 Each test leaves the host as it found it (finally: drop-ins removed, baseline restored).
 """
 
@@ -158,3 +160,25 @@ def test_a_flag_the_role_did_not_render_in_the_running_process_fails_naming_it(l
         cleanup(lab_host)
         lab_host.ssh("systemctl restart sglang.service")
         lab_host.restore_baseline()
+
+
+def test_a_link_the_service_account_planted_is_never_followed_by_root(lab_host):
+    """Issue 37 item 2 (P23): the service account owns its home; a link it plants there (~/.cache pointing
+    at a root-owned directory) fails the deploy before anything changes, and the target keeps its owner and
+    mode (the role never chowns through it)."""
+    cache, target = "/var/lib/sglang/.cache", "/etc/sglang-planted-target"
+    before = lab_host.state()
+    lab_host.ssh(
+        f"mkdir -m 0755 {target} && mv {cache} {cache}.real && ln -s {target} {cache}"
+        f" && chown -h sglang:sglang {cache}"
+    )
+    try:
+        r = deploy(lab_host)
+        assert r.returncode != 0, r.stdout[-4000:]
+        text = flat(r)
+        assert "symbolic link" in text and f"{cache}" in text and "nothing was changed" in text, text[-3000:]
+        assert lab_host.ssh(f"stat -c '%U:%G %a' {target}").stdout.split() == ["root:root", "755"]
+        assert lab_host.state() == before
+    finally:
+        lab_host.ssh(f"rm -f {cache} && mv {cache}.real {cache} && rmdir {target}", check=False)
+    lab_host.restore_baseline()
