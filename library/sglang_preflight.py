@@ -36,9 +36,9 @@ options:
     required: true
   run_as:
     description:
-      - Run SGLang's parse as this account (the service's, through C(setpriv)) instead of root: resolving a
-        command line reads the model's configuration, and with C(--trust-remote-code) imports the model's own
-        Python. Its C(HOME) is that account's home unless O(env) sets one.
+      - Run SGLang's parse as this account (the service's, through C(setpriv)) instead of root, because
+        resolving a command line reads the model's configuration, and with C(--trust-remote-code) imports the
+        model's own Python. Its C(HOME) is that account's home unless O(env) sets one.
     type: str
   config_keys:
     description:
