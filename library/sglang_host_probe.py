@@ -288,6 +288,33 @@ options:
       config_path:
         description: As C(sglang_argv)'s.
         type: path
+  preflight:
+    description:
+      - With O(argv), when the command line was built - let the release's SGLang judge it in this same call, as
+        C(sglang_preflight) does (the argv, its C(--config) keys and the environment the command line adds are
+        the built ones), so a command line SGLang refuses fails the probe before anything is written, and an
+        accepted one costs a cache lookup the next time. SGLang's warnings are shown when a command line is
+        judged the first time (not from the cache).
+    type: dict
+    suboptions:
+      device:
+        description: As C(sglang_preflight)'s.
+        type: str
+      run_as:
+        description: As C(sglang_preflight)'s.
+        type: str
+      env:
+        description: As C(sglang_preflight)'s, without what the command line adds (RV(argv.env)).
+        type: dict
+        default: {}
+      cache_dir:
+        description: As C(sglang_preflight)'s.
+        type: path
+        default: /var/lib/sglang-deploy/preflight
+      timeout:
+        description: As C(sglang_preflight)'s.
+        type: int
+        default: 300
   decide:
     description:
       - What the settings want and the run's mode, for the role's decision (module_utils/sglang_decide.py
@@ -388,6 +415,12 @@ argv:
     - With O(argv) and a complete release, what C(sglang_argv) returns for it (C(argv), C(managed), C(env),
       C(config_keys), C(flag_dests), C(version), ...); else null.
   returned: with O(argv)
+  type: dict
+preflight:
+  description:
+    - With O(preflight) and a built command line, SGLang's verdict on it (as C(sglang_preflight) returns it
+      - C(version), C(resolved), C(cached)).
+  returned: with O(preflight), when RV(argv) is not null
   type: dict
 lock:
   description: With O(lock) - what taking the deploy lock returned (as C(sglang_lock) C(state=acquired)).
@@ -512,7 +545,7 @@ import subprocess
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line
+from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line, discovered
 from ansible.module_utils.sglang_decide import decide
 from ansible.module_utils.sglang_lock import (
     TAKE_OPTIONS,
@@ -521,6 +554,8 @@ from ansible.module_utils.sglang_lock import (
     on_every_end,
     take,
 )
+from ansible.module_utils.sglang_preflight import OPTIONS as PREFLIGHT_OPTIONS
+from ansible.module_utils.sglang_preflight import preflight
 from ansible.module_utils.sglang_proof import PROVE_OPTIONS, prove_running, unit_name
 from ansible.module_utils.sglang_redact import redact_text
 from ansible.module_utils.sglang_release import inside, prune_plan, release_key
@@ -888,6 +923,23 @@ def dropins(unit, dirs, loaded_text, limit):
     return out
 
 
+def judged(module, options, python, argv, meta):
+    """SGLang's verdict on the command line this call built (module_utils/sglang_preflight.py); a refusal
+    fails the probe. Its warnings are shown the first time this installation judges that command line."""
+    params = dict(
+        options,
+        python=python,
+        argv=argv["argv"],
+        config_keys=list((argv.get("config_keys") or {}).values()),
+        env=dict(options["env"] or {}, **(argv.get("env") or {})),
+    )
+    data, cached, rule_warnings = preflight(module, params, meta)
+    if not cached:
+        for line in data["warnings"] + rule_warnings:
+            module.warn(f"SGLang {data['version']}: {line}")
+    return dict(version=data["version"], resolved=data["resolved"], cached=cached)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -948,6 +1000,7 @@ def main():
             pending=dict(type="path"),
             lock=dict(type="dict", options=TAKE_OPTIONS),
             argv=dict(type="dict", options=BUILD_OPTIONS),
+            preflight=dict(type="dict", options=PREFLIGHT_OPTIONS),
             decide=dict(
                 type="dict",
                 options=dict(want=dict(type="dict", default={}), mode=dict(type="dict", default={})),
@@ -1002,9 +1055,12 @@ def main():
     if p["argv"] is not None:
         complete = release is not None and release["complete"]
         python = os.path.join(p["venv"], "bin", "python")
-        built["argv"] = (
-            command_line(module, p["argv"], python) if complete and os.access(python, os.X_OK) else None
-        )
+        built["argv"] = None
+        if complete and os.access(python, os.X_OK):
+            capabilities, found, meta = discovered(module, p["argv"], python)
+            built["argv"] = dict(command_line(module, p["argv"], capabilities=capabilities), **found)
+            if p["preflight"] is not None:
+                built["preflight"] = judged(module, p["preflight"], python, built["argv"], meta)
     answer = dict(
         changed=False,
         venv=os.access(os.path.join(p["venv"], "bin", "python"), os.X_OK),

@@ -29,6 +29,16 @@ BUILD_OPTIONS = dict(
 )
 
 
+def discovered(module, params, python):
+    """(capabilities, what command_line adds of them, the installation's metadata probe) of ``python``'s
+    SGLang, from the cache when it holds this installation."""
+    capabilities, cached, _, meta = discover(
+        module, python, params["cache_dir"], params["timeout"], params["cache_files"]
+    )
+    found = {"algorithms": capabilities.get("algorithms", []), "capabilities_cached": cached}
+    return capabilities, found, meta
+
+
 def command_line(module, params, python=None, capabilities=None):
     """sglang_argv's result (without ``changed``) for ``params`` (BUILD_OPTIONS), the flags from
     ``capabilities`` or else asked of ``python``'s SGLang. A bad setting fails the module, naming it; a
@@ -45,10 +55,7 @@ def command_line(module, params, python=None, capabilities=None):
         module.no_log_values.add(value)
     found = {}
     if capabilities is None:
-        capabilities, cached, _, _ = discover(
-            module, python, params["cache_dir"], params["timeout"], params["cache_files"]
-        )
-        found = {"algorithms": capabilities.get("algorithms", []), "capabilities_cached": cached}
+        capabilities, found, _ = discovered(module, params, python)
     profile, errors = select_profile(params["profile"], params["profiles"])
     if errors:
         module.fail_json(msg="; ".join(errors))

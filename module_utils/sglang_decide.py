@@ -303,9 +303,14 @@ def decide(probe, rendered, want, mode):
         "write": write,
         # apply.yml has something to do: a write, a restart, or check mode's account of them.
         "apply": write or restart or (check and bool(reasons) and acts),
-        # A host the first play leaves to the rolling play is parsed there too: a command line its SGLang
+        # sglang_preflight's own call, when the probe did not judge the command line (it had none to build).
+        # A host the first play leaves to the rolling play is judged there too: a command line its SGLang
         # refuses fails the run before any host rolls (the host caches an accepted parse).
-        "parse": not refused and inspectable and rendered is not None and not verified,
+        "parse": not refused
+        and inspectable
+        and rendered is not None
+        and not verified
+        and not isinstance(probe.get("preflight"), dict),
         "restart": reasons,
         "restart_now": restart,
         "defer": defer,

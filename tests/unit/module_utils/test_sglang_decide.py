@@ -92,12 +92,13 @@ CASES = [
         lambda p: with_unit(on_disk(p)),
         {},
         DEPLOY,
+        # The probe's own call built the command line and had the host's SGLang judge it (``preflight``).
         dict(
             converged=False,
             restart=["unit"],
             write=True,
             restart_now=True,
-            parse=True,
+            parse=False,
             defer=False,
             apply=True,
         ),
@@ -125,7 +126,7 @@ CASES = [
         {},
         ROLLOUT,
         dict(
-            defer=True, write=False, restart_now=False, prove=False, parse=True, restart=["unit"], apply=False
+            defer=True, write=False, restart_now=False, prove=False, parse=False, restart=["unit"], apply=False
         ),
     ),
     (
@@ -230,6 +231,11 @@ def test_an_incomplete_release_is_installed_then_its_command_line_built():
     assert deploy["install"]["needed"] and deploy["install"]["release"] and deploy["build_argv"]
     assert deploy["prepare"] and not deploy["apply"]
     assert not deploy["converged"] and "the release is not complete" in deploy["blockers"]
+    # Installed, the command line built after the probe: no verdict of the probe's, so sglang_preflight judges.
+    assert "preflight" not in probe
+    assert decide(probe, with_unit(on_disk(probe)), WANT, DEPLOY)["parse"]
+    judged = converged_probe()
+    assert not decide(judged, with_unit(on_disk(judged)), WANT, DEPLOY)["parse"]
     check = decide(probe, None, WANT, CHECK)
     assert not check["inspectable"] and check["install"]["check_only"] and not check["build_argv"]
     assert check["prepare"] and not check["apply"]
