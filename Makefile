@@ -84,21 +84,23 @@ lint: venv
 	$(BIN)/actionlint -color=false .github/workflows/*.yml
 	$(BIN)/zizmor --offline --no-progress .github/workflows/
 
-# The parts of `make test`, as pytest arguments. `make suite-ids` checks that every test id of
-# tests/suite-baseline.txt is still collected and that every collected test is selected by one of them.
-UNIT_TESTS := -m "not lab" tests/unit tests/lab
-LAB_SERVER_TESTS := -m lab_server tests/lab_server
-LAB_TOOLING_TESTS := -m lab tests/lab
-INTEGRATION_TESTS := -m lab tests --ignore=tests/lab_server --ignore=tests/lab
+# The parts of `make test`, as pytest arguments: a test's directory decides where it runs (tests/README.md).
+# `make suite-ids` checks that every test id of tests/suite-baseline.txt is still collected and that every
+# collected test is selected by one of them.
+UNIT_TESTS := tests/unit
+LAB_SERVER_TESTS := tests/integration/lab_server
+LAB_TOOLING_TESTS := tests/integration/labctl
+INTEGRATION_TESTS := tests/integration --ignore=$(LAB_SERVER_TESTS) --ignore=$(LAB_TOOLING_TESTS)
 # What `make test` runs after `check`, besides molecule: the three above in ONE pytest-xdist run (lab-tests),
 # so the lab server's processes on the controller fill the time the lab hosts' runs leave the CPUs idle.
-LAB_TESTS := -m "lab or lab_server" tests
+# A lab test whose prerequisite is missing fails, never skips (tests/integration/conftest.py).
+LAB_TESTS := tests/integration
 MOLECULE_EXCLUDE := gpu
 # The unit tests are independent: pytest-xdist spreads them over the CPUs (at most 4; none on 1 CPU).
 UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -ge 4 ]; then echo 4; elif [ $$n -ge 2 ]; then echo $$n; else echo 0; fi)
 
-# Unit tests (module docs included: tests/unit/test_module_docs.py) and the lab tooling's tests that
-# need no lab host. No root needed.
+# Unit tests (module docs included: tests/unit/library/test_module_docs.py; the lab tooling's tests that
+# need no lab host: tests/unit/lab). No root needed.
 unit: venv sglang-venv
 	SGLANG_LAB_PYTHON=$(SGLANG_VENV)/bin/python $(BIN)/pytest -q -n $(UNIT_WORKERS) $(UNIT_TESTS)
 
@@ -119,7 +121,7 @@ lab-tooling: deps venv
 # (tests/conftest.py). The files that share a deployed host (fixture lab_host) get one per worker
 # (lab100 + N, tests/integration/conftest.py); the others bring up hosts of their own. SGLANG_LAB_LAYER=1:
 # hosts boot with SGLang already installed (labctl up --sglang-layer; built once, cached) - all but
-# tests/gpu_roles/test_sample_inventory.py, which installs it through the role. lab99 is the plain
+# tests/integration/gpu_roles/test_sample_inventory.py, which installs it through the role. lab99 is the plain
 # systemd host of the tests that only need one (SGLANG_LAB_INVENTORY).
 # 3 workers on 2 cores: a lab test spends most of its time waiting for a lab server to load, crash or stay
 # stable (measured: 3 workers 1083 s, 4 workers 1047 s, so 3, for less load). --durations: the 20 slowest.

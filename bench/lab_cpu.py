@@ -3,7 +3,7 @@
 
     python bench/lab_cpu.py [--hosts-prefix lab12] [--procs 25] [--json FILE] -- <command...>
     LAB_IT_INDEX=120 python bench/lab_cpu.py --hosts-prefix lab120 --procs 30 -- \
-        .venv/bin/pytest -p no:randomly --durations=0 -m lab tests/integration/test_sweep.py
+        .venv/bin/pytest -p no:randomly --durations=0 tests/integration/test_sweep.py
 
 On a 2-core machine shared with other lab runs, wall time says little; CPU seconds add up. The command
 runs in a cgroup of its own in the cgroup2 hierarchy (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a

@@ -2,8 +2,8 @@
 """The suite keeps every test it had (issue 15): tests may move, merge or run on a shared host, not vanish.
 
 Collects the ids of the whole suite the way the baseline was made:
-- every pytest test under tests/ (``pytest --collect-only -q tests``; the marker expression only
-  decides WHERE a test runs, not whether it exists);
+- every pytest test under tests/ (``pytest --collect-only -q tests``: tests/unit and tests/integration;
+  the directory decides WHERE a test runs, tests/README.md);
 - every molecule scenario (``molecule/<name>`` for each ``molecule/*/molecule.yml``), the Testinfra
   tests of each scenario's ``tests/`` directory, and each failure case of a scenario's verify.yml
   (``molecule/<name>/verify.yml::Case ...``: a ``- name: Case ...`` task of verify.yml or of a task
@@ -101,18 +101,16 @@ def case_names(path: Path, seen: frozenset[Path] = frozenset()) -> list[str]:
 
 
 @functools.cache
-def tests_by_marker() -> dict[str, set[str]]:
-    """The ids of tests/ with the lab marker and without it (two collections, in parallel)."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        lab, not_lab = pool.map(pytest_ids, [["-m", "lab", "tests"], ["-m", "not lab", "tests"]])
-    return {"lab": lab, "not lab": not_lab}
+def tests_ids() -> set[str]:
+    """The ids of every test under tests/ (one collection)."""
+    return pytest_ids(["tests"])
 
 
 def current_ids() -> set[str]:
-    ids = set().union(*tests_by_marker().values())
-    for scenario_ids in molecule_ids().values():
-        ids |= scenario_ids
-    return ids
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        tests = pool.submit(tests_ids)
+        ids = set().union(*molecule_ids().values())
+        return ids | tests.result()
 
 
 def _under(test_id: str, path: str) -> bool:
@@ -121,30 +119,24 @@ def _under(test_id: str, path: str) -> bool:
 
 
 def selected_ids(selection: str) -> set[str]:
-    """The ids one part's pytest arguments select. Paths, --ignore and `-m lab` / `-m "not lab"` are
-    applied to the two collections of tests/ (no further pytest run); any other argument makes pytest
-    collect the selection itself."""
+    """The ids one part's pytest arguments select. Paths and --ignore are applied to the collection of
+    tests/ (no further pytest run); any other argument (a marker, a node id) makes pytest collect the
+    selection itself."""
     args = shlex.split(selection)
-    marker, paths, ignores = None, [], []
+    paths, ignores = [], []
     it = iter(args)
     for arg in it:
-        if arg == "-m":
-            marker = next(it, "")
-        elif arg.startswith("--ignore="):
+        if arg.startswith("--ignore="):
             ignores.append(os.path.normpath(arg.split("=", 1)[1]))
         elif arg == "--ignore":
             ignores.append(os.path.normpath(next(it, "")))
-        elif arg.startswith("-") or "::" in arg or marker not in (None, "lab", "not lab"):
+        elif arg.startswith("-") or "::" in arg:
             return pytest_ids(args)
         else:
             paths.append(os.path.normpath(arg))
-    if marker not in (None, "lab", "not lab"):
-        return pytest_ids(args)
-    by_marker = tests_by_marker()
-    pool = by_marker[marker] if marker else set().union(*by_marker.values())
     return {
         i
-        for i in pool
+        for i in tests_ids()
         if (not paths or any(_under(i, p) for p in paths)) and not any(_under(i, g) for g in ignores)
     }
 
@@ -169,25 +161,24 @@ def read_baseline(path: Path) -> dict[str, list[str]]:
 
 
 def directory(test_id: str) -> str:
-    path = test_id.split("::", 1)[0]
-    parts = path.split("/")
-    return "/".join(parts[:2]) if len(parts) > 1 else path
+    """tests/<part>/<folder> of a pytest id (tests/unit/library, tests/integration), molecule/<scenario>."""
+    parts = test_id.split("::", 1)[0].split("/")
+    if parts[0] == "tests":
+        return "/".join(parts[:-1][:3])
+    return "/".join(parts[:2]) if len(parts) > 1 else parts[0]
 
 
 def write_baseline(path: Path, ids: set[str]) -> None:
     counts = Counter(directory(i) for i in ids)
-    lab = Counter(directory(i) for i in tests_by_marker()["lab"])
     head = [
         "# Test ids of the whole suite (issue 15): every one must still be collected, and run by `make test`",
         "# (tests/check_suite_ids.py, run by `make check`). A moved or renamed test stays here as",
         "# `old_id -> new_id`. Produced by `python tests/check_suite_ids.py --write` on "
         f"{datetime.date.today().isoformat()}:",
-        "#   pytest --collect-only -q tests  (tests/unit, tests/lab_server, tests/lab, tests/integration,",
-        "#   tests/gpu_roles, tests/weights; union of `-m lab` and `-m 'not lab'`),",
+        "#   pytest --collect-only -q tests  (tests/unit: no lab host; tests/integration: the lab tests),",
         "#   plus molecule/<scenario>, its Testinfra tests (molecule/<s>/tests) and the failure cases",
         "#   of molecule/<s>/verify.yml.",
         "# Counts: " + ", ".join(f"{d} {n}" for d, n in sorted(counts.items())) + f"; total {len(ids)}.",
-        "# Of these marked lab (`-m lab`): " + ", ".join(f"{d} {n}" for d, n in sorted(lab.items())) + ".",
     ]
     path.write_text("\n".join(head + sorted(ids)) + "\n")
 

@@ -1,4 +1,5 @@
-"""Suite-wide: the order in which pytest-xdist hands out the lab test files (`make lab-tests`).
+"""Suite-wide: a lab test is a test under tests/integration (marked `lab` here, by its path), and the order
+in which pytest-xdist hands out the lab test files (`make lab-tests`).
 
 `make lab-tests` (and `make integration`) run the lab tests on pytest-xdist workers with `--dist loadfile
 --no-loadscope-reorder`: each test FILE runs whole on one worker (its module fixtures own a lab host;
@@ -39,13 +40,13 @@ LAB_FILE_SECONDS = {
     "tests/integration/test_host_lock.py": 145,
     # Fresh host, SGLang installed through the role: 551 s wall, 252 CPU s (lab122, beside two other files,
     # load ~5), of which pip 99 CPU s, SGLang imports 13 s; it starts bare (no role-cache seed), by design.
-    "tests/gpu_roles/test_sample_inventory.py": 180,
+    "tests/integration/gpu_roles/test_sample_inventory.py": 180,
     # 2 tests, 166 s measured on lab220 (calls; each ends with a baseline restore).
     "tests/integration/test_known_good_integrity.py": 170,
     "tests/integration/test_role_convergence.py": 130,
     "tests/integration/test_rollback_and_check.py": 105,
-    "tests/weights/test_weights_lab.py": 100,
-    "tests/gpu_roles/test_gpu_roles.py": 75,
+    "tests/integration/weights/test_weights_lab.py": 100,
+    "tests/integration/gpu_roles/test_gpu_roles.py": 75,
     "tests/integration/test_bad_inputs.py": 65,
     "tests/integration/test_ddtree.py": 60,
     # Quiet-machine figure. Paired on the loaded machine (load average 3-5): 149 s and 147 s with an empty
@@ -64,14 +65,30 @@ LAB_FILE_SECONDS = {
     # lab runs beside it); the session fixture's baseline deploy is not counted (reused).
     "tests/integration/test_releases.py": 205,
     # make lab-tests: the lab server's processes on the controller, and labctl's own two hosts.
-    "tests/lab_server/test_lab_server.py": 120,
-    "tests/lab_server/test_parse_cache.py": 35,
-    "tests/lab/test_labctl.py": 10,
+    "tests/integration/lab_server/test_lab_server.py": 120,
+    "tests/integration/lab_server/test_parse_cache.py": 35,
+    "tests/integration/labctl/test_labctl.py": 10,
 }
+
+
+LAB_TESTS = "tests/integration/"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    # Where a test lives says whether it is a lab test: every test under tests/integration is marked `lab`
+    # (so `-m lab` still picks them), and a test marked `lab` anywhere else is refused.
+    misplaced = []
+    for item in items:
+        if item.nodeid.startswith(LAB_TESTS):
+            item.add_marker(pytest.mark.lab)
+        elif item.get_closest_marker("lab"):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            f"marked lab outside {LAB_TESTS} (lab tests live there, tests/README.md): " + ", ".join(misplaced)
+        )
+
     def cost(item) -> int:
         return -LAB_FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0)
 

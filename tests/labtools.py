@@ -1,4 +1,4 @@
-"""What the lab-host tests (tests/integration, tests/gpu_roles) share to reach a host: the environment of
+"""What the lab tests (tests/integration) share: what a lab host needs on the controller, the environment of
 their ansible-playbook runs and the ssh command line of their own reads (one master connection per host,
 as Ansible's own)."""
 
@@ -6,12 +6,27 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # The tests' SSH master connections: this user's directory, 0700, as Ansible's ~/.ansible/cp (a socket path
 # must stay short; %C is a hash of the connection).
 SSH_CONTROL_DIR = Path.home() / ".ansible" / "cp-it"
+
+
+def missing_lab_prerequisite() -> str | None:
+    """What the controller lacks to start a lab host, and how to get it; None when nothing is missing.
+    A lab test FAILS with this text (tests/integration/conftest.py): `make test` never passes without them."""
+    if os.geteuid() != 0:
+        return "lab hosts need root: run the lab tests as root (sudo make test, or sudo .venv/bin/pytest ...)"
+    if not shutil.which("systemd-nspawn"):
+        return (
+            "lab hosts need systemd-nspawn: make deps (installs systemd-container and the other lab packages)"
+        )
+    if not (REPO / ".venv" / "bin" / "ansible-playbook").exists():
+        return "no controller toolchain in .venv: make venv"
+    return None
 
 
 def ansible_env() -> dict[str, str]:

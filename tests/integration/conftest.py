@@ -9,7 +9,7 @@ Fixtures:
                  end. Under pytest-xdist each worker has its own host: index LAB_IT_INDEX + N for worker gwN.
                  The host boots with the SGLang layer (lab/labctl: SGLang installed as the role installs it),
                  so its first deploy installs nothing; the fresh install through the role is covered by
-                 tests/gpu_roles/test_sample_inventory.py (and the incremental one by test_role_convergence).
+                 gpu_roles/test_sample_inventory.py (and the incremental one by test_role_convergence).
   lab_host       a LabHost for that inventory: ssh(), playbook(), state(), history().
 test_sweep.py and test_gitops.py use the same host (fixture lab_inventory).
 
@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ansible_env, ssh_argv
+from labtools import ansible_env, missing_lab_prerequisite, ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_INVENTORY_DIR = REPO / "inventory" / "lab"
@@ -226,14 +225,31 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _prerequisites() -> str | None:
-    if os.geteuid() != 0:
-        return "lab hosts need root"
-    if not shutil.which("systemd-nspawn"):
-        return "lab hosts need systemd-nspawn (make deps)"
-    if not ANSIBLE_PLAYBOOK.exists():
-        return "no controller toolchain in .venv (make venv)"
-    return None
+# A lab test never skips: a prerequisite it lacks (root, systemd-nspawn, the toolchain, the wheelhouse,
+# SGLang's interpreter, what an earlier test of its file built) fails it, so `make test` cannot pass without
+# running it. The tests fail with what is missing and how to get it; a skip from anywhere else (a skipif,
+# a helper) is turned into a failure here with its reason.
+SKIP_IS_FAILURE = "a lab test does not skip (tests/integration/conftest.py); it lacks: "
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = SKIP_IS_FAILURE + reason.removeprefix("Skipped: ")
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = SKIP_IS_FAILURE + reason.removeprefix("Skipped: ")
+    return report
 
 
 def xdist_worker_number() -> int:
@@ -260,9 +276,9 @@ def lab_inventory():
         LabHost(path).deploy_baseline()
         yield path
         return
-    missing = _prerequisites()
+    missing = missing_lab_prerequisite()
     if missing:
-        pytest.skip(missing)
+        pytest.fail(missing)
     if not any(WHEELHOUSE.glob("sglang-*.whl")):
         pytest.fail(f"no sglang wheel in {WHEELHOUSE}: run `make wheelhouse` first")
     index = int(os.environ.get("LAB_IT_INDEX", "100")) + xdist_worker_number()

@@ -30,8 +30,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.lab
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CORPUS = yaml.safe_load((HERE / "bad_inputs.yml").read_text(encoding="utf-8"))["cases"]

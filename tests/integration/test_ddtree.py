@@ -17,8 +17,6 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.lab
-
 DDTREE = "@inventory/lab/ddtree.yml"
 UNIT = "sglang-k26-ddtree.service"
 STATE = (

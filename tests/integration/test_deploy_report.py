@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 SERVER_INFO = (
     'python3 -c "import urllib.request; '

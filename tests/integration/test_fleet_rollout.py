@@ -53,9 +53,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ansible_env, ssh_argv
-
-pytestmark = pytest.mark.lab
+from labtools import ansible_env, missing_lab_prerequisite, ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
@@ -285,8 +283,9 @@ def recap(stdout: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet():
-    if os.geteuid() != 0 or not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip("lab hosts need root and the controller toolchain (.venv)")
+    missing = missing_lab_prerequisite()
+    if missing:
+        pytest.fail(missing)
     if not any(WHEELHOUSE.glob("sglang-*.whl")) or not any((WHEELHOUSE / "smg").glob("smg-1.13.0-*.whl")):
         pytest.fail(f"no sglang or smg 1.13.0 wheel in {WHEELHOUSE}: run `make wheelhouse` first")
     up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "2", "--routers", str(len(ROUTERS))]

@@ -20,10 +20,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 # As tests/integration/conftest.py's restore: the lab inventory's short stability window (no crash is
 # injected here); only the play that deploys SGLang.

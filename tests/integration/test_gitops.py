@@ -46,8 +46,6 @@ import pytest
 import yaml
 from labtools import ssh_argv
 
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 TOOLS = REPO / "tools" / "gitops"

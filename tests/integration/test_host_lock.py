@@ -27,8 +27,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 LOCK_FILE = "/run/sglang-deploy/sglang.lock"
 # No crash is injected here: the lab inventory's own stability window (3 s) is enough.

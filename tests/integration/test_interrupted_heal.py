@@ -27,8 +27,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 UNIT = "sglang.service"
 HEAL_UNIT = "sglang-deploy-heal.service"

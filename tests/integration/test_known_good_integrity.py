@@ -21,10 +21,6 @@ import shlex
 import threading
 import time
 
-import pytest
-
-pytestmark = pytest.mark.lab
-
 ENV_PATH = "/etc/sglang/sglang.env"
 KNOWN_GOOD = "/var/lib/sglang-deploy/known-good"
 KNOWN_GOOD_ENV = f"{KNOWN_GOOD}/sglang.env"

@@ -8,10 +8,6 @@ from /proc/<MainPID>/environ of the new invocation and records where it read it.
 
 from __future__ import annotations
 
-import pytest
-
-pytestmark = pytest.mark.lab
-
 ENV_PATH = "/etc/sglang/sglang.env"
 # playbooks/sglang.yml only: the GPU play is off on lab hosts and the weights play would change nothing.
 SGLANG_PLAYBOOK = "playbooks/sglang.yml"

@@ -28,8 +28,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = "/opt/sglang/releases"
 MARKER = "sglang-deploy-install.json"
@@ -102,6 +100,16 @@ def shared(lab_host):
             lab_host.ssh(f"rm -rf {Path(NEW_MODEL).parent}", check=False)
 
 
+def release_b(shared) -> str:
+    """Release B as the first test of this file built it; the tests after it build on it (chained)."""
+    if not shared.get("b"):
+        pytest.fail(
+            "release B was not built: the first test of this file (test_upgrade_whose_server_dies_rolls_back_"
+            "to_the_previous_release_untouched) failed or did not run; run the file whole"
+        )
+    return shared["b"]
+
+
 def test_upgrade_whose_server_dies_rolls_back_to_the_previous_release_untouched(lab_host, shared):
     a = shared["a"]
     before = lab_host.ssh(TREE_HASH.format(a), timeout=600).stdout.strip()
@@ -125,7 +133,7 @@ def test_upgrade_whose_server_dies_rolls_back_to_the_previous_release_untouched(
 
 
 def test_upgrade_that_verifies_runs_the_new_release(lab_host, shared):
-    b = shared.get("b") or pytest.skip("release B was not built by the previous test")
+    b = release_b(shared)
     stat = f"stat -c '%i %Y' {b}/{MARKER} {b}/bin/python"
     marker_before = lab_host.ssh(stat).stdout
     r, seconds = timed(lab_host, *B_KNOBS, extra=dict(DDTREE, **FAST))
@@ -150,7 +158,7 @@ def test_upgrade_that_verifies_runs_the_new_release(lab_host, shared):
 
 
 def test_weights_revision_change_restarts_onto_the_new_directory(lab_host, shared):
-    shared.get("b") or pytest.skip("release B is not running")
+    release_b(shared)
     lab_host.ssh(
         f"mkdir -p {Path(NEW_MODEL).parent} && rm -rf {NEW_MODEL} && cp -a {OLD_MODEL} {NEW_MODEL} "
         f"&& echo {NEW_REVISION} > {NEW_MODEL}/REVISION"
@@ -183,7 +191,7 @@ def test_weights_revision_change_restarts_onto_the_new_directory(lab_host, share
 
 
 def test_keep_one_release_removes_the_old_one_never_the_running_one(lab_host, shared):
-    b = shared.get("b") or pytest.skip("release B was not built")
+    b = release_b(shared)
     a = shared["a"]
     # Back to the baseline (A, the old model directory): B stays (sglang_releases_keep 3).
     r = lab_host.playbook("-e", "window=2048", extra=FAST, playbook="playbooks/sglang.yml")

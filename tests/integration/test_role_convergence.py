@@ -23,10 +23,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.lab
-
 REPO = Path(__file__).resolve().parents[2]
 UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"

@@ -20,8 +20,6 @@ import shlex
 
 import pytest
 
-pytestmark = pytest.mark.lab
-
 SENTINEL = "SENTINEL-SECRET-9f3c"
 AWKWARD_MODEL = "/srv/models/lab target 100%"
 AWKWARD_NAME = "lab \"$HOME\" 'q' 100%"

@@ -4,7 +4,7 @@ accepts for DFLASH), a baseline, a point forced to crash, a point the build cann
 ansible-playbook process group is SIGKILLed after the first matrix point) and a resumed run, the original
 configuration back at the end, and the report (table, CSV, plots) checked against its JSON and the
 recorded points. The seed's DDTree sweep (the playbook's example) is planned controller-only in
-tests/unit/test_sweep_points.py.
+tests/unit/plugins/test_sglang_settings_check_points.py.
 
 Host: the shared, deployed lab host of tests/integration/conftest.py (fixture lab_inventory: one per
 pytest-xdist worker, or LAB_REUSE_INVENTORY=<inventory/lab/...yml>); the sweep restores its configuration.
@@ -24,8 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 from labtools import ansible_env, ssh_argv
-
-pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
@@ -312,7 +310,7 @@ def test_report_matches_the_json(host, sweep):
     assert "## Rejected points" in md and f"- {host.name} topk-2: sglang_speculative_topk=2" in md
     assert rows["topk-2"]["result"] == "rejected" and csv_rows["topk-2"]["result"] == "rejected"
     verified = [r for r in data["rows"] if r["result"] == "verified"]
-    # No budget axis: only the two bar plots (the budget line plots: tests/unit/test_sweep_report.py).
+    # No budget axis: only the two bar plots (the budget line plots: tests/unit/tools/test_sweep_report.py).
     assert [p["file"] for p in data["plots"]] == ["output_throughput.png", "latency.png"]
     for plot in data["plots"]:
         png = (report / plot["file"]).read_bytes()
