@@ -33,7 +33,7 @@ START_TIMEOUT = 120  # importing torch + resolving takes ~12 s on a 2-core VM
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def sglang_interpreter() -> None:
     """Every lab server of this directory runs with SGLang's interpreter (its other files take this too)."""
     if not os.access(PYTHON, os.X_OK):

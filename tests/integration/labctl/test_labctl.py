@@ -28,8 +28,9 @@ FIRST = int(os.environ.get("LAB_TEST_FIRST_INDEX", "240"))
 NAMES = [f"lab{FIRST}", f"lab{FIRST + 1}"]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def lab_prerequisites() -> None:
+    """Before the module's hosts are started (an autouse fixture comes first among those of its scope)."""
     missing = missing_lab_prerequisite()
     if missing:
         pytest.fail(missing)
