@@ -290,10 +290,10 @@ options:
         type: path
   preflight:
     description:
-      - With O(argv), when the command line was built - let the release's SGLang judge it in this same call, as
-        C(sglang_preflight) does (the argv, its C(--config) keys and the environment the command line adds are
-        the built ones), so a command line SGLang refuses fails the probe before anything is written, and an
-        accepted one costs a cache lookup the next time. SGLang's warnings are shown when a command line is
+      - With O(argv), when the command line was built - let the release's SGLang judge it in this same call,
+        as C(sglang_preflight) does (the argv, its C(--config) keys and the environment the command line adds
+        are the built ones), so a command line SGLang refuses fails the probe before anything is written, and
+        an accepted one costs a cache lookup the next time. SGLang's warnings are shown when a command line is
         judged the first time (not from the cache).
     type: dict
     suboptions:

@@ -126,7 +126,13 @@ CASES = [
         {},
         ROLLOUT,
         dict(
-            defer=True, write=False, restart_now=False, prove=False, parse=False, restart=["unit"], apply=False
+            defer=True,
+            write=False,
+            restart_now=False,
+            prove=False,
+            parse=False,
+            restart=["unit"],
+            apply=False,
         ),
     ),
     (
@@ -231,7 +237,7 @@ def test_an_incomplete_release_is_installed_then_its_command_line_built():
     assert deploy["install"]["needed"] and deploy["install"]["release"] and deploy["build_argv"]
     assert deploy["prepare"] and not deploy["apply"]
     assert not deploy["converged"] and "the release is not complete" in deploy["blockers"]
-    # Installed, the command line built after the probe: no verdict of the probe's, so sglang_preflight judges.
+    # Installed, the command line built after the probe: no verdict of the probe's, sglang_preflight judges.
     assert "preflight" not in probe
     assert decide(probe, with_unit(on_disk(probe)), WANT, DEPLOY)["parse"]
     judged = converged_probe()
