@@ -94,7 +94,7 @@ def test_down_keeps_the_role_caches_of_a_layer_host_and_up_seeds_new_layer_hosts
     # Where the role keeps them: the directories labctl writes.
     assert (
         "write_cache(module, path, data):\n    write_json_atomic(module, path, data, 0o600,"
-        in (REPO / "library" / "sglang_preflight.py").read_text()
+        in (REPO / "module_utils" / "sglang_preflight.py").read_text()
     )
     assert (
         "write_json_atomic(module, path, data, 0o644,"
