@@ -138,6 +138,21 @@ options:
       clear_pending:
         description: The pending marker to remove (the C(clear_pending) option of C(sglang_history)).
         type: path
+      known_good_invocation:
+        description:
+          - The rollback's option (not with O(record.known_good)). The known-good set verified again in this
+            invocation stays as it is and its metadata gets this invocation's C(invocation_id), first. That is
+            the last verified invocation, which the drift check compares the running one with (P17).
+        type: dict
+        suboptions:
+          dir:
+            description: The known-good directory.
+            type: path
+            required: true
+          meta_name:
+            description: The name of its metadata file.
+            type: str
+            required: true
 attributes:
   check_mode:
     support: full
@@ -299,7 +314,12 @@ ARGUMENT_SPEC = dict(
             entry=dict(type="dict", required=True),
             known_good=dict(type="dict", options=KNOWN_GOOD_OPTIONS),
             clear_pending=dict(type="path"),
+            known_good_invocation=dict(
+                type="dict",
+                options=dict(dir=dict(type="path", required=True), meta_name=dict(type="str", required=True)),
+            ),
         ),
+        mutually_exclusive=[("known_good", "known_good_invocation")],
     ),
 )
 RUNNING = ("active", "activating", "reloading", "deactivating")
@@ -340,9 +360,16 @@ def record_verified(module, spec, result):
     known_good = spec["known_good"]
     if known_good is not None:
         known_good = dict(known_good, meta=dict(known_good["meta"], invocation_id=result["invocation_id"]))
+    adopt = spec.get("known_good_invocation")
+    if adopt is not None:
+        adopt = dict(adopt, invocation_id=result["invocation_id"])
     try:
         entry, cleared = write_history(
-            spec["path"], entry, known_good=known_good, clear_pending=spec["clear_pending"]
+            spec["path"],
+            entry,
+            known_good=known_good,
+            clear_pending=spec["clear_pending"],
+            known_good_invocation=adopt,
         )
     except NotRecorded as exc:
         module.fail_json(**dict(result, recorded=False, msg=f"{result['msg']} But {exc}"))

@@ -172,11 +172,49 @@ class NotRecorded(Exception):
     says which."""
 
 
-def write(path, record, known_good=None, clear_pending=None, secrets=(), check_mode=False):
-    """Keep ``known_good`` (when given), append ``record`` with its time, clear the pending marker; returns
+def set_known_good_invocation(spec, invocation_id, write):
+    """The known-good set stays as it is; its metadata's ``invocation_id`` becomes ``invocation_id`` (a new
+    generation, the set's other files carried over: switch_known_good). A rollback verified that set again in
+    a new invocation, which is the last verified one now: what the drift check (P17) compares the running
+    invocation with. Raises NotRecorded."""
+    meta_path = os.path.join(spec["dir"], spec["meta_name"])
+    try:
+        with open(meta_path, "rb") as handle:
+            meta = json.loads(handle.read())
+    except (OSError, ValueError) as exc:
+        raise NotRecorded(f"cannot read the known-good metadata {meta_path}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise NotRecorded(f"the known-good metadata {meta_path} is not a JSON object")
+    meta["invocation_id"] = invocation_id
+    if write:
+        try:
+            switch_known_good(
+                spec["dir"], {spec["meta_name"]: (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()}
+            )
+        except OSError as exc:
+            raise NotRecorded(
+                f"cannot update the known-good metadata {meta_path}: {exc.strerror or exc}"
+            ) from None
+
+
+def write(
+    path,
+    record,
+    known_good=None,
+    clear_pending=None,
+    secrets=(),
+    check_mode=False,
+    known_good_invocation=None,
+):
+    """Keep ``known_good`` (when given) or set the known-good set's invocation (``known_good_invocation``:
+    ``{dir, meta_name, invocation_id}``), append ``record`` with its time, clear the pending marker; returns
     (the entry as written, whether a pending marker was cleared). Raises NotRecorded."""
     entry = {"time": now_utc()}
     entry.update({k: v for k, v in record.items() if k != "time"})
+    if known_good_invocation is not None:
+        set_known_good_invocation(
+            known_good_invocation, known_good_invocation["invocation_id"], not check_mode
+        )
     if known_good is not None:
         try:
             entry.update(keep_known_good(known_good, write=not check_mode))

@@ -557,3 +557,33 @@ def test_a_probe_records_nothing(monkeypatch, tmp_path):
     res = run(monkeypatch, replay, args, tree="healthy")
     assert res["failed"] and res["msg"].startswith("record is only used with a restart")
     assert replay.commands == [] and not (tmp_path / "history.jsonl").exists()
+
+
+def test_a_verified_rollback_makes_its_invocation_the_last_verified_one(monkeypatch, tmp_path):
+    """The rollback's record (record.known_good_invocation): the known-good set it restored stays byte for
+    byte, and its metadata names the rollback's invocation, the one the drift check (P17) compares with."""
+    spec = _record_spec(tmp_path)
+    first = Replay("healthy-restart.jsonl")
+    first.ready_at_us = first.request_us + 1_500_000
+    args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "stable_seconds": 1, "record": spec}
+    kept = run(monkeypatch, first, args, tree="healthy")
+    assert not kept.get("failed"), kept["msg"]
+    kg = tmp_path / "known-good"
+    before = {p.name: p.read_bytes() for p in kg.iterdir()}
+    meta = json.loads(before["meta.json"])
+    meta["invocation_id"] = "0" * 32
+    (kg / "meta.json").write_text(json.dumps(meta))
+    rollback = {
+        "path": spec["path"],
+        "entry": {"result": "rolled_back"},
+        "known_good_invocation": {"dir": str(kg), "meta_name": "meta.json"},
+    }
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    args = dict(args, record=rollback)
+    res = run(monkeypatch, replay, args, tree="healthy")
+    assert not res.get("failed"), res["msg"]
+    after = json.loads((kg / "meta.json").read_text())
+    assert after == dict(meta, invocation_id=res["invocation_id"]) and after["api_key"] == SECRET
+    assert (kg / "vr-healthy.service").read_bytes() == before["vr-healthy.service"]
+    assert json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])["result"] == "rolled_back"
