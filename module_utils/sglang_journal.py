@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 INVOCATION_FIELDS = ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID")
 # What SGLang logs once it answers (its HTTP server's warmup; the lab server logs the same line). Every line
@@ -134,14 +135,15 @@ def messages(entries, last=None):
 JOURNAL_ENV = {"LANG": "C", "LC_ALL": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
 
 
-def invocation_command(journalctl, invocation_id, pids=(), last=None):
-    """The journalctl argv for one invocation's lines, this boot: ``INVOCATION_ID=<id> +
+def invocation_command(journalctl, invocation_id, pids=(), last=None, this_boot=True):
+    """The journalctl argv for one invocation's lines, this boot (every boot the journal keeps with
+    ``this_boot=False``: an invocation of an earlier boot): ``INVOCATION_ID=<id> +
     _SYSTEMD_INVOCATION_ID=<id>`` and, per PID, ``+ _PID=<pid>`` (``+`` is journalctl's OR); with ``last``,
     the newest ``last`` only (``-n``)."""
     inv = _norm_id(invocation_id)
     # --all: without it journalctl -o json prints "MESSAGE": null for fields over 4096 bytes,
     # and the 0.5.23 server_args= line is ~19 KB (recorded: tests/fixtures/journal/).
-    cmd = [journalctl, "-o", "json", "--all", "--no-pager", "-b"]
+    cmd = [journalctl, "-o", "json", "--all", "--no-pager"] + (["-b"] if this_boot else [])
     if last is not None:
         cmd += ["-n", str(max(int(last), 1))]
     cmd += [f"INVOCATION_ID={inv}", "+", f"_SYSTEMD_INVOCATION_ID={inv}"]
@@ -321,3 +323,87 @@ def exit_from_journal(lines):
                 "message": line["message"],
             }
     return None
+
+
+# systemd's messages about a unit's end (sd-messages.h): SD_MESSAGE_UNIT_RESULT ("Failed with result ..."),
+# SD_MESSAGE_UNIT_SUCCESS ("Deactivated successfully."), SD_MESSAGE_UNIT_RESTART_SCHEDULED ("Scheduled restart
+# job, restart counter is at N."), SD_MESSAGE_UNIT_STOPPED ("Stopped ...", with the JOB_TYPE that stopped it).
+UNIT_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
+UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
+UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
+UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
+# The signal names systemd prints after a killed process's number ("status=9/KILL").
+_SIGNALS = {
+    "1": "HUP",
+    "2": "INT",
+    "3": "QUIT",
+    "4": "ILL",
+    "6": "ABRT",
+    "7": "BUS",
+    "8": "FPE",
+    "9": "KILL",
+    "11": "SEGV",
+    "13": "PIPE",
+    "14": "ALRM",
+    "15": "TERM",
+}
+
+
+def _utc(realtime_us):
+    """``__REALTIME_TIMESTAMP`` (microseconds since the epoch) as ``YYYY-MM-DDTHH:MM:SSZ``, or None."""
+    usec = _int(realtime_us)
+    if usec is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(usec // 1000000))
+
+
+def invocation_end(entries, unit, invocation_id, own_lines=3):
+    """How the invocation ``invocation_id`` of ``unit`` ended, from the newest lines of its journal
+    (``journalctl -n``; systemd's own messages about it carry its ``INVOCATION_ID``): a dict with ``ended``
+    (the time of systemd's last line about it, UTC), ``code`` and ``status`` of its main process's exit
+    (``killed``/``9``; none when it exited cleanly: systemd logs a clean exit at debug level only),
+    ``signal`` (the signal's name when it was killed), ``result`` (``signal``, ``exit-code``, ...;
+    ``success`` after "Deactivated successfully"), ``restart_counter`` (systemd's automatic restart that
+    followed: "Scheduled restart job, restart counter is at N"), ``job`` (the type of the job that stopped
+    it: ``restart`` or ``stop``; an automatic restart is a ``restart`` job too, with ``restart_counter``),
+    ``systemd`` (systemd's messages about its end, in order) and ``last_lines`` (the last ``own_lines`` of
+    its own output). None when the journal holds no line of it (rotated, or an earlier boot's volatile
+    journal)."""
+    lines = invocation_lines(select_invocation(entries, invocation_id), unit, invocation_id)
+    if not lines:
+        return None
+    out = {
+        "invocation_id": _norm_id(invocation_id),
+        "ended": None,
+        "code": None,
+        "status": None,
+        "signal": None,
+        "result": None,
+        "restart_counter": None,
+        "job": None,
+        "systemd": [],
+        "last_lines": [e["message"] for e in lines if not e["systemd"]][-own_lines:] if own_lines else [],
+    }
+    exited = exit_from_journal(lines)
+    if exited:
+        out.update(code=exited["code"], status=exited["status"], result=exited["result"])
+        if exited["code"] in ("killed", "dumped"):
+            out["signal"] = _SIGNALS.get(str(exited["status"]), str(exited["status"]))
+    for line in lines:
+        if not line["systemd"]:
+            continue
+        fields = line["fields"]
+        mid = fields.get("MESSAGE_ID")
+        if mid not in (UNIT_PROCESS_EXIT, UNIT_RESULT, UNIT_SUCCESS, UNIT_RESTART_SCHEDULED, UNIT_STOPPED):
+            continue
+        out["systemd"].append(line["message"])
+        out["ended"] = _utc(fields.get("__REALTIME_TIMESTAMP")) or out["ended"]
+        if mid == UNIT_RESULT and fields.get("UNIT_RESULT"):
+            out["result"] = fields["UNIT_RESULT"]
+        elif mid == UNIT_SUCCESS and not out["result"]:
+            out["result"] = "success"
+        elif mid == UNIT_RESTART_SCHEDULED:
+            out["restart_counter"] = _int(fields.get("N_RESTARTS"))
+        elif mid == UNIT_STOPPED and fields.get("JOB_TYPE"):
+            out["job"] = fields["JOB_TYPE"]
+    return out

@@ -15,8 +15,10 @@ One lab host (systemd-nspawn, SSH) for every case, in file order:
      cannot restart, stop or signal the service, and its probe's answer holds no secret;
   3. tools/gitops/apply deploys head and the server reports 4096; a second apply of the same inventory
      while the lock is held fails at once naming the holder; drift right after the apply finds nothing;
-  4. a hand edit of the unit (window 1024, daemon-reload, restart) is reported by tools/gitops/drift,
-     both as a file difference and as running arguments that differ from git;
+  4. a restart by hand with the same arguments after a verified deploy is reported by tools/gitops/drift,
+     naming the running and the verified invocation and how the verified one ended; a hand edit of the unit
+     (window 1024, daemon-reload, restart) is reported both as a file difference and as running arguments
+     that differ from git;
   5. pull mode: playbooks/pull.yml installs git (.deb files downloaded on the controller; the host has
      no network), ansible-core (lab wheelhouse) and the timer; a `git daemon` on the controller end of
      the host's veth serves a bare copy of the clone; a run applies the signed commit (window back to
@@ -432,6 +434,47 @@ def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
     assert d.returncode == 0, f"drift right after apply:\n{d.stdout}\n{d.stderr}"
     assert json.loads((tmp_path / "drift" / "drift.json").read_text())["status"] == "no_change"
     assert host.state() == after
+
+
+def test_drift_reports_a_restart_by_hand_with_the_same_arguments(host, clone, tmp_path):
+    """P17: after a verified deploy, `systemctl restart` by hand (the same unit, the same arguments: no file
+    and no running argument differs from git) is drift, naming both invocations and how the verified one
+    ended."""
+    r = apply(clone["repo"], clone["inventory"], clone["head"], tmp_path / "apply")
+    assert r.returncode == 0, f"apply failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
+    verified = host.state()["InvocationID"]
+    host.ssh("systemctl restart sglang.service")
+    host.wait_healthy()
+    running = host.state()["InvocationID"]
+    started = host.ssh("systemctl show -P ExecMainStartTimestamp sglang.service").stdout.strip()
+    assert running != verified
+    d = run(
+        [
+            TOOLS / "drift",
+            "--repo",
+            clone["repo"],
+            "--inventory",
+            clone["inventory"],
+            "--ref",
+            clone["head"],
+            "--out",
+            tmp_path / "drift",
+        ],
+        cwd=clone["repo"],
+        check=False,
+        env=tool_env(),
+    )
+    assert d.returncode == 2, f"drift should exit 2:\n{d.stdout}\n{d.stderr}"
+    summary = json.loads((tmp_path / "drift" / "drift.json").read_text())
+    (finding,) = summary["hosts"][host.name]["drift"]
+    assert finding.startswith(
+        f"running invocation {running} (started {started}) is not the last verified deploy's {verified}: "
+        "it ended "
+    )
+    assert "exited cleanly, stopped by a `systemctl restart` job" in finding and "NRestarts=0 now" in finding
+    md = (tmp_path / "drift" / "drift.md").read_text()
+    assert f"Last lines of the verified invocation `{verified}`" in md
+    no_secret(md, json.dumps(summary), (tmp_path / "drift" / "drift-ansible.log").read_text())
 
 
 def test_drift_reports_a_hand_edited_unit(host, clone, tmp_path):

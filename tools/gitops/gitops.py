@@ -289,6 +289,60 @@ def host_changes(report: dict) -> list[str]:
     return out
 
 
+# ExecMainCode of `systemctl show`: a CLD_* code of waitid(2), as a number.
+CLD_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
+
+
+def invocation_id(value) -> str:
+    return str(value or "").replace("-", "").lower()
+
+
+def ended_text(end: dict | None) -> str:
+    """How the last verified invocation ended, in words, from the plan probe's ``verified_end``
+    (module_utils/sglang_journal.py invocation_end, read on the host)."""
+    if not end:
+        return "how it ended is not in the journal (rotated, or an earlier boot's journal was not kept)"
+    parts = []
+    if end.get("code") in ("killed", "dumped"):
+        parts.append(f"its main process was {end['code']} by signal {end.get('status')}/{end.get('signal')}")
+    elif end.get("code"):
+        parts.append(f"its main process {end['code']} with status {end.get('status')}")
+    if end.get("result") and end["result"] != "success":
+        parts.append(f"result '{end['result']}'")
+    if end.get("restart_counter") is not None:
+        parts.append(
+            f"systemd restarted the unit by itself (Restart=, restart counter {end['restart_counter']})"
+        )
+    elif end.get("job"):
+        clean = "exited cleanly, " if end.get("result") == "success" else ""
+        parts.append(f"{clean}stopped by a `systemctl {end['job']}` job (by hand or a tool, not Restart=)")
+    elif end.get("result") == "success":
+        parts.append("exited cleanly")
+    when = f"ended {end['ended']}" if end.get("ended") else "ended"
+    return f"it {when}: " + (", ".join(parts) if parts else "systemd logged no exit, result or job for it")
+
+
+def invocation_drift(report: dict) -> str | None:
+    """The finding of a running invocation that is not the last verified deploy's (a crash-restart by systemd,
+    a restart by hand, a reboot); None when it is, or when either is unknown."""
+    verified = invocation_id((report.get("known_good") or {}).get("invocation_id"))
+    running = invocation_id(report.get("invocation_id"))
+    if not verified or not running or verified == running:
+        return None
+    started = report.get("invocation_started") or "at an unknown time"
+    restarts = report.get("n_restarts")
+    counter = (
+        f"; NRestarts={restarts} now (systemd's own restarts since the unit was last started by a job)"
+        if str(restarts or "") != ""
+        else ""
+    )
+    return (
+        f"running invocation {running} (started {started}) is not the last verified deploy's {verified}: "
+        + ended_text(report.get("verified_end"))
+        + counter
+    )
+
+
 def drift_findings(report: dict) -> list[str]:
     """How the host differs from git (and from its last verified deploy); [] = no drift."""
     if report.get("status") != "ok":
@@ -314,7 +368,17 @@ def drift_findings(report: dict) -> list[str]:
     if report.get("need_daemon_reload"):
         out.append("systemd holds an older unit definition (NeedDaemonReload=yes)")
     if report.get("active_state") and report["active_state"] != "active":
-        out.append(f"the service is {report['active_state']}")
+        main = report.get("main_exit") or {}
+        code = CLD_CODES.get(str(main.get("code") or ""))
+        how = (
+            f" (main process {code}, status {main.get('status')}, result '{main.get('result')}')"
+            if code
+            else ""
+        )
+        out.append(f"the service is {report['active_state']}{how}")
+    restarted = invocation_drift(report)
+    if restarted:
+        out.append(restarted)
     for d in report.get("foreign_dropins") or []:
         state = "loaded" if d.get("loaded") else "on disk, not loaded yet"
         lines = " | ".join(d["lines"]) if d.get("lines") is not None else "(unreadable)"
@@ -391,6 +455,12 @@ def host_section(name: str, report: dict, mode: str) -> str:
     if mode == "drift" and findings:
         out += [f"- {f}\n" for f in findings]
         out.append("\n")
+        end = report.get("verified_end") or {}
+        if invocation_drift(report) and end.get("last_lines"):
+            verified = end.get("invocation_id")
+            out.append(f"Last lines of the verified invocation `{verified}` (redacted on the host):\n\n")
+            out.append(fence("\n".join(end["last_lines"])))
+            out.append("\n")
     if report.get("restart_reasons"):
         verb = "Restart" if mode == "plan" else "An apply would restart"
         out.append(f"{verb}: {', '.join(report['restart_reasons'])}.\n\n")
@@ -570,6 +640,13 @@ def summary(mode: str, meta: dict, reports: dict[str, dict], rc: int) -> dict:
                 restart=bool(r.get("restart")),
                 restart_reasons=r.get("restart_reasons", []),
                 invocation_id=r.get("invocation_id"),
+                invocation={
+                    "running": r.get("invocation_id"),
+                    "started": r.get("invocation_started"),
+                    "last_verified": (r.get("known_good") or {}).get("invocation_id"),
+                    "n_restarts": r.get("n_restarts"),
+                    "verified_end": r.get("verified_end"),
+                },
                 running_args_diff=running_rows(r),
                 unit_changed=r["unit"]["changed"],
                 unit_sha256=r["unit"].get("sha256"),

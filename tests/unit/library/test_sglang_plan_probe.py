@@ -391,3 +391,43 @@ def test_probe_script_is_python3_standard_library_only():
     stdlib = set(sys.stdlib_module_names)
     imports = [ln.split()[1].split(".")[0] for ln in tree.splitlines() if ln.startswith(("import ", "from "))]
     assert imports and all(name in stdlib for name in imports), imports
+
+
+RD = FIXTURES / "restart_drift"
+
+
+@pytest.mark.parametrize("case", ["killed", "restarted"])
+def test_a_running_invocation_not_the_verified_one_comes_with_how_that_one_ended(host, capsys, case):
+    """P17: the host as recorded after a kill -9 (systemd restarted the unit) and after a hand `systemctl
+    restart` (tests/fixtures/restart_drift/): the probe reads the last verified invocation's newest lines of
+    every boot (no -b) and answers how it ended, with no secret in it; when the verified invocation is the
+    running one it reads nothing more."""
+    kg_meta = Path(host["files"]["known_good_unit"]).parent / "sglang.json"
+    kg_meta.write_bytes((RD / case / "known-good.json").read_bytes())
+    host["show"].write_text((RD / case / "show.txt").read_text())
+    verified = json.loads((RD / case / "known-good.json").read_text())["invocation_id"]
+    journalctl = Path(host["argv"][host["argv"].index("--journalctl") + 1])
+    calls = journalctl.with_name("journalctl.calls")
+    journalctl.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" = --sync ] && exit 0\n'
+        f'case "$*" in *INVOCATION_ID={verified}*) cat {RD / case / "verified-journal.json"};; '
+        f"*) cat {P / 'journal.json'};; esac\n"
+    )
+    text, doc = answer(host, capsys)
+    assert SENTINEL not in text
+    svc = doc["services"]["sglang"]
+    recorded = json.loads((RD / case / "answer.json").read_text())["services"]["sglang"]
+    assert svc["verified_end"] == recorded["verified_end"] and svc["errors"] == []
+    asked = [c for c in calls.read_text().splitlines() if verified in c]
+    assert asked == [
+        f"-o json --all --no-pager -n 40 INVOCATION_ID={verified} + _SYSTEMD_INVOCATION_ID={verified}"
+    ]
+    for name in ("ExecMainStartTimestamp", "NRestarts", "ExecMainCode", "ExecMainStatus", "Result"):
+        assert name in host["probe"].SHOW_PROPERTIES and svc["systemd"][name] == recorded["systemd"][name]
+    # The verified invocation running: nothing more is read.
+    kg = json.loads(kg_meta.read_text())
+    kg_meta.write_text(json.dumps(dict(kg, invocation_id=svc["systemd"]["InvocationID"])))
+    calls.write_text("")
+    _text, doc = answer(host, capsys)
+    assert "verified_end" not in doc["services"]["sglang"]
+    assert not [c for c in calls.read_text().splitlines() if "-n 40" in c]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -202,3 +203,43 @@ def test_invocation_lines_exit_and_excerpt_of_a_recorded_crash():
     assert len(shown) == 2
     assert shown[-1].endswith("SYSTEMD: STOPPED VR-CRASH.SERVICE - VERIFIED-RESTART TEST VR-CRASH.")
     assert sj.format_lines(lines, 0, str) == []
+
+
+RD = FIXTURES / "restart_drift"
+
+
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        (
+            "killed",
+            dict(code="killed", status="9", signal="KILL", result="signal", restart_counter=1, job="restart"),
+        ),
+        (
+            "restarted",
+            dict(code=None, status=None, signal=None, result="success", restart_counter=None, job="restart"),
+        ),
+    ],
+)
+def test_how_the_verified_invocation_ended_by_kill_9_or_by_hand(case, want):
+    """The newest lines of the last verified invocation (tests/fixtures/restart_drift/, recorded after a
+    kill -9 that systemd's Restart= answered, and after a hand `systemctl restart`): its exit, result,
+    systemd's restart counter and the job that stopped it, from systemd's own lines tagged with its
+    INVOCATION_ID."""
+    invocation = json.loads((RD / case / "known-good.json").read_text())["invocation_id"]
+    found, bad = sj.parse_json_lines((RD / case / "verified-journal.json").read_text())
+    assert bad == 0 and len(found) == 40
+    end = sj.invocation_end(found, "sglang.service", invocation)
+    assert {k: end[k] for k in want} == want
+    assert end["invocation_id"] == invocation and end["ended"].startswith("2026-12-07T10:4")
+    assert end["systemd"][-1].startswith("Stopped sglang.service") and len(end["last_lines"]) == 3
+    assert sj.invocation_end(found, "sglang.service", "0" * 32) is None
+
+
+def test_an_invocation_of_an_earlier_boot_is_asked_of_every_boot():
+    cmd = sj.invocation_command("journalctl", "AB-cd", last=40, this_boot=False)
+    assert cmd == [
+        "journalctl", "-o", "json", "--all", "--no-pager", "-n", "40",
+        "INVOCATION_ID=abcd", "+", "_SYSTEMD_INVOCATION_ID=abcd",
+    ]  # fmt: skip
+    assert "-b" in sj.invocation_command("journalctl", "abcd")
