@@ -29,15 +29,15 @@ def base_url(host, port):
     return f"http://{host}:{int(port)}"
 
 
-def _exchange(url, headers, timeout):
-    """One GET of an ``http://host:port/path`` URL on a connection of its own; ``(status, bytes)``."""
+def _exchange(url, headers, timeout, method="GET", body=None):
+    """One request to an ``http://host:port/path`` URL on a connection of its own; ``(status, bytes)``."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError("not an http://host:port URL")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        conn.request("GET", target, headers=headers)
+        conn.request(method, target, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -57,6 +57,24 @@ def get(url, api_key=None, timeout=10.0, accept="application/json"):
         return _exchange(url, headers, timeout)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise HttpError(f"GET {url} failed: {exc}") from None
+
+
+def post_json(url, payload, api_key=None, timeout=60.0):
+    """POST ``payload`` as JSON to ``url`` without proxies; ``(status, body)`` with the body decoded as JSON
+    (its text when it is not). HTTP error statuses are returned; connection failures raise HttpError naming
+    the URL (never the key)."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": HTTP_AGENT}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        code, raw = _exchange(url, headers, timeout, "POST", json.dumps(payload).encode("utf-8"))
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise HttpError(f"POST {url} failed: {exc}") from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return code, json.loads(text)
+    except ValueError:
+        return code, text
 
 
 def status(url, api_key=None, timeout=10.0):
