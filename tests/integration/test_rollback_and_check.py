@@ -231,6 +231,9 @@ def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, aw
     assert records[-1]["result"] == "rolled_back"
     assert records[-1]["invocation_id"] == after.invocation_id
     assert records[-1]["restored_invocation_id"] == good.invocation_id
+    # The rollback's verified invocation is the last verified one now: the one drift compares with (P17).
+    meta = json.loads(lab_host.read_bytes("/var/lib/sglang-deploy/known-good/sglang.json"))
+    assert meta["invocation_id"] == after.invocation_id and meta["env_sha256"] == good.env_sha256
     assert records[-1]["env_sha256"] == good.env_sha256
     assert "SGLANG_LAB_CRASH_AFTER" not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
     # The --config file (the key) belongs to the known-good set: kept with it, restored with it.
