@@ -18,7 +18,13 @@ description:
     the router's settle included). Past it,
     O(drain_policy=fail) re-adds the worker (untouched, with O(labels)) and fails; O(drain_policy=force)
     returns with C(drained=false) and the requests still in flight in C(requests_cut). Refused, with
-    nothing touched, when fewer than O(min_ready_workers) other workers are ready.
+    nothing touched, when fewer than O(min_ready_workers) other workers are ready (the capacity guard).
+  - The capacity guard is one at a time per router. From the count of ready workers until the router no
+    longer lists the leaving worker, the module holds C(flock(2)) on a file of O(lock_dir) on the host it
+    runs on (the router host, where every controller and every host of a batch delegates it), so a second
+    leave counts after the first one's removal. A leave that cannot take it within O(timeout) is refused,
+    nothing touched, naming the worker whose leave holds it. The kernel releases it when the module's
+    process ends.
   - C(state=present) - adds the worker with O(labels) and waits until the router lists it C(ready) with
     those labels. A worker already listed with other labels (the router keeps a restarted worker's old
     labels) is removed and added again.
@@ -85,6 +91,12 @@ options:
     description: Seconds between two polls.
     type: float
     default: 1
+  lock_dir:
+    description:
+      - Directory of the capacity guard's lock files on the host the module runs on (created 0700, a symlink
+        is never followed); one file per router URL, C(router-guard-<host>_<port>.lock).
+    type: path
+    default: /run/sglang-deploy
 attributes:
   check_mode:
     support: full
@@ -155,12 +167,18 @@ labels:
 """
 
 import contextlib
+import datetime
+import fcntl
 import json
+import os
+import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_lock import LockError, ensure_dir
 
 
 class RouterError(Exception):
@@ -189,6 +207,78 @@ def http(method: str, url: str, key: str = "", body: dict | None = None, timeout
 
 def same_url(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
+
+
+def capacity(workers: list[dict], worker_url: str, min_ready: int) -> tuple[dict | None, str | None]:
+    """The capacity guard's decision on the router's list: (this worker's entry or None when the router does
+    not list it, the refusal or None when it may leave). Only OTHER workers listed ``ready`` count."""
+    found = [w for w in workers if same_url(str(w.get("url", "")), worker_url)]
+    if not found:
+        return None, None
+    mine = found[0]
+    others = sum(1 for w in workers if w is not mine and w.get("status") == "ready")
+    if others >= min_ready:
+        return mine, None
+    return mine, (
+        f"capacity guard: refusing to take {worker_url} out of the router: {others} other "
+        f"worker(s) ready, fewer than min_ready_workers={min_ready}"
+    )
+
+
+class Guard:
+    """flock(2) on this router's guard file, from the count of ready workers until the router no longer lists
+    the leaving worker: two leaves (a batch above 1, two controllers) cannot both count the other as ready.
+    The holder writes who it is into the file for a refused leave to name."""
+
+    def __init__(self, directory: str, router: str, worker_url: str, wait: float, poll: float) -> None:
+        netloc = urllib.parse.urlsplit(router).netloc
+        self.path = os.path.join(
+            directory, "router-guard-" + re.sub(r"[^A-Za-z0-9_.-]", "_", netloc) + ".lock"
+        )
+        self.directory, self.router, self.worker_url = directory, router, worker_url
+        self.wait, self.poll = wait, max(poll, 0.05)
+        self.fd = -1
+
+    def __enter__(self):
+        try:
+            ensure_dir(self.directory)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+            self.fd = os.open(self.path, flags, 0o600)
+        except (OSError, LockError) as err:
+            raise RouterError(f"capacity guard of router {self.router} in {self.directory}: {err}") from None
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self.holder()
+                    os.close(self.fd)
+                    raise RouterError(
+                        f"capacity guard: refusing to take {self.worker_url} out of router {self.router}: "
+                        f"another leave holds its guard ({self.path}) for more than timeout={self.wait:g} s: "
+                        f"{holder}. Nothing was touched; run again when it has finished"
+                    ) from None
+                time.sleep(self.poll)
+        since = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        record = {"worker_url": self.worker_url, "pid": os.getpid(), "since": since}
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(record).encode() + b"\n", 0)
+        return self
+
+    def holder(self) -> str:
+        try:
+            record = json.loads(os.pread(self.fd, 4096, 0))
+            who, pid, since = record["worker_url"], record["pid"], record["since"]
+            return f"the leave of {who} (PID {pid} on this host, since {since})"
+        except (OSError, ValueError, TypeError, KeyError):
+            return "a leave that has not said who it is yet"
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        os.close(self.fd)  # releases the flock
 
 
 class Member:
@@ -299,25 +389,33 @@ class Member:
             for load in body["loads"]
         )
 
-    def absent(self) -> None:
-        workers = self.workers()
-        worker = self.mine(workers)
+    def leave(self) -> bool:
+        """The capacity guard and the removal; False when the router does not list the worker."""
+        worker, refusal = capacity(self.workers(), self.p["worker_url"], self.p["min_ready_workers"])
         if worker is None:
             self.result.update(status="absent", drained=True)
-            return
+            return False
         self.result["worker_id"] = worker.get("id")
-        others = sum(1 for w in workers if w is not worker and w.get("status") == "ready")
-        if others < self.p["min_ready_workers"]:
-            raise RouterError(
-                f"refusing to take {self.p['worker_url']} out of the router: {others} other "
-                f"worker(s) ready, fewer than min_ready_workers={self.p['min_ready_workers']}"
-            )
+        if refusal:
+            raise RouterError(refusal)
         self.result["changed"] = True
         if self.check_mode:
             self.result["status"] = worker.get("status")
-            return
+            return False
         self.remove(worker)
         self.result["status"] = "absent"
+        return True
+
+    def absent(self) -> None:
+        if self.check_mode:
+            self.leave()  # counts and touches nothing: no guard to hold
+            return
+        guard = Guard(
+            self.p["lock_dir"], self.router, self.p["worker_url"], self.p["timeout"], self.p["poll_interval"]
+        )
+        with guard:
+            if not self.leave():
+                return
         # The drain is counted from the DELETE: the router's settle and its removal are part of it.
         deadline = self.deleted_at + self.p["drain_timeout"]
         while (left := self.inflight()) > 0 and time.monotonic() < deadline:
@@ -368,6 +466,7 @@ def main() -> None:
             "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
             "service": {"type": "str", "default": ""},
+            "lock_dir": {"type": "path", "default": "/run/sglang-deploy"},
         },
         supports_check_mode=True,
     )

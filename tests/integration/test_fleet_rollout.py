@@ -31,6 +31,8 @@ only. In file order:
   6. a write refused after the worker left (systemd-analyze refuses the unit): rejoined with its running
      invocation, nothing written or restarted, the run fails naming the refusal;
   7. the capacity guard refuses when the other worker is unhealthy (its server stopped), host untouched;
+     two leaves at once (two controllers, or a batch of 2) with room for one: one leaves, the guard refuses
+     the other;
   8. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
      same URL, the router's list never empty, the router itself untouched;
   9. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
@@ -57,6 +59,7 @@ from labtools import ansible_env, missing_lab_prerequisite, ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+ANSIBLE = REPO / ".venv" / "bin" / "ansible"
 LABCTL = REPO / "lab" / "labctl"
 LOADGEN = REPO / "lab" / "loadgen"
 WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
@@ -236,6 +239,33 @@ class Fleet:
             for w in self.workers(router)
             if w["url"] == self.url(host)
         ]
+
+    def member(self, host: str, **args) -> subprocess.Popen:
+        """library/sglang_router_member.py for ``host``'s worker on the router host, as the role delegates it
+        there, in an ansible process of its own (another controller)."""
+        params = {"router_url": "http://127.0.0.1:30000", "worker_url": self.url(host), **args}
+        params["router_api_key"] = self.admin_key
+        argv = [
+            str(ANSIBLE),
+            "-i",
+            str(INVENTORY),
+            ROUTER,
+            "-m",
+            "sglang_router_member",
+            "-a",
+            json.dumps(params),
+        ]
+        env = dict(
+            ansible_env(), ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json"
+        )
+        return subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
+        )
+
+    @staticmethod
+    def member_result(proc: subprocess.Popen) -> dict:
+        out, _ = proc.communicate(timeout=300)
+        return json.loads(out)["plays"][0]["tasks"][0]["hosts"][ROUTER]
 
     def start_load(self, out: Path, clients: int = 3) -> subprocess.Popen:
         argv = [sys.executable, str(LOADGEN), "--router", self.router_url(), "--clients", str(clients)]
@@ -661,6 +691,37 @@ def test_the_capacity_guard_refuses_when_the_other_worker_is_unhealthy(fleet):
         while not all(("ready" in [s for s, _ in fleet.listed(other, router)]) for router in ROUTERS):
             assert time.monotonic() < deadline, fleet.workers()
             time.sleep(0.5)
+
+
+def test_two_leaves_at_once_leave_one_worker_and_the_guard_refuses_the_other(fleet):
+    """Both workers leave the router at the same time (two controllers, or a batch of 2), each the role's
+    module on the router host in its own process, with room for one (min_ready_workers=1): exactly one
+    leaves, the other is refused by the capacity guard and stays listed. The settle (5 s) keeps the first
+    leaving worker listed ready long after its count: a count not guarded against it would see it ready."""
+    listed = {h: fleet.listed(h) for h in GPU}
+    running = {h: fleet.invocation(h) for h in GPU}
+    leave = {"state": "absent", "min_ready_workers": 1, "settle_seconds": 5, "drain_timeout": 30}
+    procs = {h: fleet.member(h, **leave) for h in GPU}
+    results = {h: fleet.member_result(p) for h, p in procs.items()}
+    try:
+        left = [h for h in GPU if not results[h].get("failed")]
+        refused = [h for h in GPU if results[h].get("failed")]
+        assert len(left) == 1 and len(refused) == 1, results
+        assert results[left[0]]["status"] == "absent" and results[left[0]]["drained"], results
+        assert results[refused[0]]["msg"] == (
+            f"capacity guard: refusing to take {fleet.url(refused[0])} out of the router: 0 other worker(s) "
+            "ready, fewer than min_ready_workers=1"
+        )
+        assert fleet.listed(left[0]) == []
+        assert fleet.listed(refused[0]) == listed[refused[0]]
+    finally:
+        # Every worker back with its running invocation, as after a rollout; the one out first.
+        for host in sorted(GPU, key=lambda h: bool(results[h].get("failed"))):
+            back = fleet.member_result(
+                fleet.member(host, state="present", labels={"sglang_invocation": running[host]})
+            )
+            assert not back.get("failed"), back
+    assert {h: fleet.invocation(h) for h in GPU} == running
 
 
 def test_a_renamed_host_rolls_as_remove_then_add_and_the_pool_is_never_empty(fleet, tmp_path):

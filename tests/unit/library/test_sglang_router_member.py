@@ -4,7 +4,10 @@ the recorded smg 1.13.0 bodies (tests/fixtures/router/) and a worker whose /v1/l
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
+import os
+import threading
 import time
 import types
 
@@ -30,20 +33,25 @@ class FakeRouter:
     def __init__(self, workers, loads=(0,), delete_lag=1, post_status=202):
         self.workers = copy.deepcopy(workers)
         self.loads, self.delete_lag, self.post_status = list(loads), delete_lag, post_status
-        self.calls, self.pending_delete, self.patch_pending = [], None, 0
+        self.calls, self.pending_deletes, self.patch_pending = [], {}, 0
+        self.mutex = threading.Lock()  # two leaves at once (threads) share one router
 
     def __call__(self, method, url, key="", body=None, timeout=10.0):
+        with self.mutex:
+            return self.answer(method, url, body)
+
+    def answer(self, method, url, body):
         path = url.split("://", 1)[1].split("/", 1)[1]
         self.calls.append((method, "/" + path.split("?")[0], body))
         if path.startswith("v1/loads"):
             n = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
             return 200, {"loads": [{"dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0}]}
         if method == "GET" and path == "workers":
-            if self.pending_delete is not None:
-                self.pending_delete[1] -= 1
-                if self.pending_delete[1] < 0:
-                    self.workers = [w for w in self.workers if w["id"] != self.pending_delete[0]]
-                    self.pending_delete = None
+            for wid in list(self.pending_deletes):
+                self.pending_deletes[wid] -= 1
+                if self.pending_deletes[wid] < 0:
+                    self.workers = [w for w in self.workers if w["id"] != wid]
+                    del self.pending_deletes[wid]
             return 200, {"workers": copy.deepcopy(self.workers), "total": len(self.workers)}
         if method == "PATCH":
             self.patch_pending = 1  # one GET /workers/{id} still shows the update job processing
@@ -56,7 +64,7 @@ class FakeRouter:
             return answer["status"], answer["body"]
         if method == "DELETE":
             wid = path.split("/")[1]
-            self.pending_delete = [wid, self.delete_lag]
+            self.pending_deletes[wid] = self.delete_lag
             return recorded("delete_worker_accepted")["status"], dict(
                 recorded("delete_worker_accepted")["body"], worker_id=wid
             )
@@ -75,6 +83,21 @@ class FakeRouter:
         raise AssertionError(f"unexpected call {method} {url}")
 
 
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path, monkeypatch):
+    """The capacity guard's lock directory of every call here (never the machine's /run/sglang-deploy)."""
+    directory = tmp_path / "locks"
+    monkeypatch.setattr(GUARD, "dir", str(directory))
+    return directory
+
+
+GUARD = types.SimpleNamespace(dir="")
+
+
+def guard_file(directory) -> str:
+    return os.path.join(directory, "router-guard-127.0.0.1_42509.lock")
+
+
 def run(router: FakeRouter, **args):
     module = load_module("sglang_router_member")
     module.http = router
@@ -84,6 +107,7 @@ def run(router: FakeRouter, **args):
         "router_api_key": "router-admin-key",
         "worker_url": MINE["url"],
         "poll_interval": 0,
+        "lock_dir": GUARD.dir,
         **args,
     }
     result, _ = call_main(module, params)
@@ -139,6 +163,7 @@ def test_capacity_guard_refuses_and_touches_nothing():
     lonely = FakeRouter([MINE])
     result = run(lonely, state="absent")
     assert result["failed"] and "min_ready_workers=1" in result["msg"]
+    assert result["msg"].startswith(f"capacity guard: refusing to take {MINE['url']} out of the router: ")
     assert "0 other worker(s) ready" in result["msg"]
     assert methods(lonely) == [("GET", "/workers")]
     other_down = FakeRouter([MINE, dict(OTHER, status="not_ready", is_healthy=False)])
@@ -201,3 +226,145 @@ def test_unauthorised_router_answer_is_reported(name):
     module.http = refuse
     result, _ = call_main(module, {"router_url": ROUTER, "worker_url": MINE["url"], "state": "absent"})
     assert result["failed"] and "401" in result["msg"] and "Missing or invalid Authorization" in result["msg"]
+
+
+ONE = recorded("get_workers_one_ready")["body"]["workers"]
+DRAINING = recorded("get_workers_draining")["body"]["workers"]  # MINE draining, OTHER ready
+EMPTY = recorded("get_workers_empty")["body"]["workers"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "leaving", "floor", "listed", "others"),
+    [
+        (TWO, MINE["url"], 1, True, None),  # one other ready: it may leave
+        (TWO, MINE["url"], 2, True, 1),
+        (TWO, OTHER["url"], 0, True, None),
+        (ONE, OTHER["url"], 1, True, 0),  # the last worker
+        (ONE, OTHER["url"], 0, True, None),  # a floor of 0 lets the last one go
+        (ONE, MINE["url"], 1, False, None),  # not listed: nothing to leave, nothing refused
+        (DRAINING, OTHER["url"], 1, True, 0),  # a draining worker is not ready
+        (DRAINING, MINE["url"], 1, True, None),  # the draining one itself: its other is ready
+        (EMPTY, MINE["url"], 1, False, None),
+    ],
+    ids=[
+        "two-ready-leaves",
+        "two-ready-floor-2-refused",
+        "floor-0-leaves",
+        "the-last-one-refused",
+        "the-last-one-floor-0-leaves",
+        "not-listed",
+        "other-draining-refused",
+        "draining-itself-leaves",
+        "empty-list",
+    ],
+)
+def test_the_capacity_decision_counts_only_other_ready_workers(workers, leaving, floor, listed, others):
+    module = load_module("sglang_router_member")
+    worker, refusal = module.capacity(copy.deepcopy(workers), leaving + "/", floor)
+    assert (worker is not None) == listed and (worker is None or worker["url"] == leaving)
+    if others is None:
+        assert refusal is None
+    else:
+        assert refusal == (
+            f"capacity guard: refusing to take {leaving}/ out of the router: {others} other worker(s) ready, "
+            f"fewer than min_ready_workers={floor}"
+        )
+
+
+def flocked(path) -> bool:
+    """Whether another open file description holds flock(2) on ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_the_count_and_the_removal_hold_the_routers_guard_and_the_drain_does_not(lock_dir):
+    class Watched(FakeRouter):
+        def answer(self, method, url, body):
+            path = url.split("/", 3)[3]
+            held = os.path.exists(guard_file(lock_dir)) and flocked(guard_file(lock_dir))
+            self.held = [*getattr(self, "held", []), (method, "/" + path.split("?")[0].split("/")[0], held)]
+            return super().answer(method, url, body)
+
+    router = Watched(TWO, loads=(1, 0))
+    result = run(router, state="absent")
+    assert not result.get("failed") and result["status"] == "absent", result
+    router_calls = {held for _, path, held in router.held if path == "/workers"}
+    drain_calls = {held for _, path, held in router.held if path == "/v1"}
+    assert router_calls == {True} and drain_calls == {False}, router.held
+    assert oct(os.stat(guard_file(lock_dir)).st_mode & 0o777) == "0o600"
+    assert oct(os.stat(lock_dir).st_mode & 0o777) == "0o700"
+
+
+def test_a_leave_that_cannot_take_the_guard_is_refused_naming_its_holder(lock_dir):
+    lock_dir.mkdir(mode=0o700)
+    fd = os.open(guard_file(lock_dir), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        holder = {"worker_url": OTHER["url"], "pid": 4242, "since": "2026-01-02T03:04:05Z"}
+        os.write(fd, json.dumps(holder).encode())
+        router = FakeRouter(TWO)
+        result = run(router, state="absent", timeout=0.2)
+    finally:
+        os.close(fd)
+    assert result["failed"] and router.calls == [], result  # nothing asked, nothing touched
+    assert result["msg"] == (
+        f"capacity guard: refusing to take {MINE['url']} out of router {ROUTER}: another leave holds its "
+        f"guard ({guard_file(lock_dir)}) for more than timeout=0.2 s: the leave of {OTHER['url']} (PID 4242 "
+        "on this host, since 2026-01-02T03:04:05Z). Nothing was touched; run again when it has finished"
+    )
+
+
+def test_two_leaves_at_once_leave_one_worker_ready():
+    """Two workers, a floor of one: both leaves start together (a batch of 2, or two controllers) and each
+    router call takes a while, as over a network; exactly one leaves, the other is refused by the guard."""
+    module = load_module("sglang_router_member")
+
+    class Slow(FakeRouter):
+        def answer(self, method, url, body):
+            time.sleep(0.05)
+            return super().answer(method, url, body)
+
+    router = Slow(TWO, delete_lag=0)
+    results = {}
+
+    def leave(worker):
+        params = {
+            "router_url": ROUTER,
+            "router_api_key": "",
+            "worker_url": worker["url"],
+            "worker_api_key": "",
+            "state": "absent",
+            "labels": {},
+            "drain_timeout": 5,
+            "drain_policy": "fail",
+            "min_ready_workers": 1,
+            "timeout": 5,
+            "settle_seconds": 1,
+            "poll_interval": 0.01,
+            "lock_dir": GUARD.dir,
+        }
+        member = module.Member(params, check_mode=False)
+        try:
+            member.absent()
+            results[worker["url"]] = "left"
+        except module.RouterError as err:
+            results[worker["url"]] = str(err)
+
+    module.http = router
+    threads = [threading.Thread(target=leave, args=(w,)) for w in (MINE, OTHER)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results.values(), key=lambda v: v != "left")[0] == "left", results
+    refused = [v for v in results.values() if v != "left"]
+    assert len(refused) == 1 and refused[0].startswith("capacity guard: refusing to take "), results
+    assert "0 other worker(s) ready, fewer than min_ready_workers=1" in refused[0]
+    assert [w["status"] for w in router.workers] == ["ready"]
