@@ -23,7 +23,7 @@ only. In file order:
   3. the same deploy again is changed=0 on all three hosts: no invocation changes, the router's list
      neither;
   4. a request longer than sglang_drain_timeout under sglang_drain_policy=fail: the worker is back in the
-     router with its running invocation (the router re-added it; the role's rescue fails the host), the
+     router with its running invocation (the router re-added it; the role then fails the host), the
      run fails, the host's files, pending marker and invocation are as they were (the refusal comes before
      anything is written), the request completes;
   5. the same under force: restarted anyway, the request in flight reported (SGLang's SIGTERM drain, as
@@ -32,7 +32,8 @@ only. In file order:
      invocation, nothing written or restarted, the run fails naming the refusal;
   7. the capacity guard refuses when the other worker is unhealthy (its server stopped), host untouched;
      two leaves at once (two controllers, or a batch of 2) with room for one: one leaves, the guard refuses
-     the other;
+     the other; a rollout batch of 2 with room for one puts the host that left back and fails, both hosts
+     as they were;
   8. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
      same URL, the router's list never empty, the router itself untouched;
   9. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
@@ -600,7 +601,7 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
     # router with its running invocation.
     assert host_state(fleet, canary) == before
     assert "Install the systemd unit, the environment file" not in r.stdout
-    # The router refused the drain and re-added the worker itself; the role's rescue failed the host (with
+    # The router refused the drain and re-added the worker itself; the role then failed the host (with
     # several routers it also puts the worker back into the ones it had left: not run here).
     assert "TASK [sglang : Fail the host, naming what the router(s) refused]" in r.stdout
     for router in ROUTERS:
@@ -722,6 +723,27 @@ def test_two_leaves_at_once_leave_one_worker_and_the_guard_refuses_the_other(fle
             )
             assert not back.get("failed"), back
     assert {h: fleet.invocation(h) for h in GPU} == running
+
+
+def test_a_batch_of_two_with_room_for_one_puts_the_leaver_back_and_fails_with_both_as_they_were(fleet):
+    """sglang_rollout_batch=2, min_ready_workers=1: the guard lets one host of the batch leave and refuses the
+    other; the one that left is put back untouched before the batch fails (any_errors_fatal would otherwise
+    stop it out of the router, never restarted): both listed ready with their running invocations, files,
+    pending markers and invocations as they were, the run fails naming the refusal."""
+    before = {h: host_state(fleet, h) for h in GPU}
+    window = 4096 if fleet.server_info(GPU[0])["speculative_draft_window_size"] != 4096 else 8192
+    r = fleet.playbook(
+        "-e", f"window={window}", extra={"sglang_rollout_batch": 2}, playbook="playbooks/sglang.yml"
+    )
+    assert r.returncode != 0
+    text = " ".join(r.stdout.split())
+    assert "0 other worker(s) ready, fewer than min_ready_workers=1" in text, why(r)
+    assert "untouched, nothing written or restarted: the leave of lab" in text, why(r)
+    assert "in the same batch was refused: capacity guard: refusing to take http" in text
+    assert {h: host_state(fleet, h) for h in GPU} == before
+    for host in GPU:
+        for router in ROUTERS:
+            assert fleet.listed(host, router) == [("ready", before[host]["invocation"])], router
 
 
 def test_a_renamed_host_rolls_as_remove_then_add_and_the_pool_is_never_empty(fleet, tmp_path):
