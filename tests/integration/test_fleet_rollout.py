@@ -8,8 +8,9 @@ its budget under contention). On the fresh hosts it first runs `playbooks/router
 may be installed or started), then `deploy.yml -e window=2048` once: SGLang on both GPU hosts, then smg on the
 router host in front of them.
 The inventory is inventory/lab/fleet-<index>.yml (gitignored; inventory/lab/group_vars apply). The router's
-admin key and its client key (sglang_router_worker_api_key) are random per run and go in as `-e @file`
-only. In file order:
+admin key is the one labctl made (.lab/router_admin_key, which the inventory it writes reads: the deploy runs
+as the README says); its client key (sglang_router_worker_api_key) is random per run and goes in as
+`-e @file` only. In file order:
   - the router role on its own host (formerly test_router_role.py on a host of its own): check mode on the
     fresh host, the deploy order, /readiness and /workers, the listener in the unit's cgroup, no key in any
     cmdline / the unit / the output, 401 without the keys;
@@ -61,6 +62,7 @@ from labtools import ansible_env, missing_lab_prerequisite, ssh_argv
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 ANSIBLE = REPO / ".venv" / "bin" / "ansible"
+ROUTER_ADMIN_KEY = REPO / ".lab" / "router_admin_key"  # labctl's
 LABCTL = REPO / "lab" / "labctl"
 LOADGEN = REPO / "lab" / "loadgen"
 WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
@@ -136,10 +138,10 @@ print(json.dumps({"status": status, "complete": complete, "start": start, "secon
 
 
 class Fleet:
-    def __init__(self, keys: dict[str, str]):
-        self.keys = keys
-        self.admin_key = keys["sglang_router_admin_key"]
-        self.client_key = keys["sglang_router_worker_api_key"]
+    def __init__(self, client_key: str):
+        self.admin_key = ROUTER_ADMIN_KEY.read_text().strip()
+        self.client_key = client_key
+        self.keys = {"sglang_router_admin_key": self.admin_key, "sglang_router_worker_api_key": client_key}
         inv = yaml.safe_load(INVENTORY.read_text())["all"]["children"]
         self.hv = {**inv["gpu_nodes"]["hosts"], **inv["routers"]["hosts"]}
         self.runs: list[str] = []  # every ansible-playbook output, for the "no key printed" check
@@ -162,7 +164,7 @@ class Fleet:
         inventory: Path = INVENTORY,
     ):
         with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="fleet-extra-") as handle:
-            json.dump({**self.keys, **FAST, **(extra or {})}, handle)
+            json.dump({"sglang_router_worker_api_key": self.client_key, **FAST, **(extra or {})}, handle)
             handle.flush()
             argv = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), playbook, "-e", "@" + handle.name, *args]
             start = time.monotonic()
@@ -243,9 +245,9 @@ class Fleet:
 
     def member(self, host: str, **args) -> subprocess.Popen:
         """library/sglang_router_member.py for ``host``'s worker on the router host, as the role delegates it
-        there, in an ansible process of its own (another controller)."""
+        there, in an ansible process of its own (another controller); the admin key from the inventory."""
         params = {"router_url": "http://127.0.0.1:30000", "worker_url": self.url(host), **args}
-        params["router_api_key"] = self.admin_key
+        params["router_api_key"] = "{{ sglang_router_admin_key }}"
         argv = [
             str(ANSIBLE),
             "-i",
@@ -323,12 +325,7 @@ def fleet():
     up += ["--first-index", str(INDEX)]
     subprocess.run([*up, "--inventory", str(INVENTORY)], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
     try:
-        lab = Fleet(
-            {
-                "sglang_router_admin_key": "admin-" + secrets.token_hex(16),
-                "sglang_router_worker_api_key": "client-" + secrets.token_hex(16),
-            }
-        )
+        lab = Fleet("client-" + secrets.token_hex(16))
         # Check mode BEFORE the first real router deploy: on the fresh router host it installs and starts
         # nothing.
         lab.fresh = lab.unit()
