@@ -461,6 +461,32 @@ def check_service(s):
     return errors
 
 
+def check_metrics(s):
+    """The metrics label and the node_exporter textfile: checked here, so a bad one fails before the host is
+    touched (the textfile is written by the record, after the restart)."""
+    errors = []
+    label = s["sglang_config_hash_label"]
+    # A Prometheus label name; names starting with __ are reserved for Prometheus itself.
+    if not (
+        isinstance(label, str) and (label == "" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", label))
+    ) or (isinstance(label, str) and label.startswith("__")):
+        errors.append(
+            f"sglang_config_hash_label={shown(label, 40)}: must be a Prometheus label name (letters, digits"
+            " and _, not starting with a digit or __), or '' for no label"
+        )
+    path = s["sglang_metrics_textfile"]
+    if not (
+        isinstance(path, str)
+        and (path == "" or (path.startswith("/") and path.endswith(".prom") and not has_control(path)))
+    ):
+        errors.append(
+            f"sglang_metrics_textfile={shown(path, 60)}: must be an absolute path ending in .prom"
+            " (node_exporter's textfile collector reads only those), without control characters, or ''"
+            " for none"
+        )
+    return errors
+
+
 def check_install(s):
     errors = []
     source = s["sglang_install_source"]
@@ -524,6 +550,7 @@ def check_settings(settings, int_settings, string_settings):
         + check_nccl(s)
         + check_extra_args(extra)
         + check_service(s)
+        + check_metrics(s)
         + check_install(s)
         + check_profile(s, env)
     )

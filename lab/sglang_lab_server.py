@@ -1504,9 +1504,16 @@ class Lab:
         return meta
 
     def metrics(self) -> str:
+        # As SGLang's collectors: --extra-metric-labels after each collector's own labels (scheduler_metrics_
+        # collector, tokenizer_metric_labels), before a metric's own (is_streaming); values escaped as
+        # prometheus_client writes them.
+        extra = "".join(
+            f',{name}="{exposition_escape(value)}"'
+            for name, value in (self.resolved.get("extra_metric_labels") or {}).items()
+        )
         tok = f'model_name="{self.resolved.get("served_model_name")}",engine_type="unified"'
-        sched = tok + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"'
-        stats, tok_s = self.stats, tok + ',is_streaming="false"'
+        sched = tok + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"' + extra
+        stats, tok_s = self.stats, tok + extra + ',is_streaming="false"'
         lines = ["# sglang-lab-server: synthetic values"]
         for metric, kind, labels, value in (
             ("sglang:prompt_tokens_total", "counter", tok_s, stats["prompt"]),
@@ -1902,6 +1909,11 @@ class LabHandler(BaseHTTPRequestHandler):
                 id=turn.rid, created=turn.created, model=turn.model, choices=[], usage=usage
             )
             yield f"data: {last.model_dump_json()}\n\n"
+
+
+def exposition_escape(value) -> str:
+    """A label value as prometheus_client's exposition writes it (backslash, newline, double quote)."""
+    return str(value).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def loads_prometheus(load_results: list, include: set[str] | None) -> str:

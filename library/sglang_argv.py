@@ -72,6 +72,15 @@ options:
         settings (C(0640) root:service group, written by M(sglang_unit)). Takes precedence over
         O(secret_env).
     type: path
+  config_hash_label:
+    description:
+      - A label every metric of the server carries, with RV(config_hash) as its value (the role's
+        C(config_hash)) - the argv gets C(--extra-metric-labels) with the JSON object of this label and
+        RV(config_hash), the labels of an C(--extra-metric-labels) of O(extra_args) merged in. The hash is of
+        the command line without this label. Fails, naming C(extra_metric_labels), when the installed parser
+        has no such flag.
+      - Not set, no label is added (RV(config_hash) is returned all the same).
+    type: str
   profile:
     description:
       - The build profile (module_utils/sglang_options.py C(PROFILES), or one the operator declared),
@@ -188,6 +197,15 @@ runner_lines:
   returned: success
   type: dict
   sample: {"window": "DFLASH draft runner", "budget": "DDTree worker"}
+config_hash:
+  description:
+    - The configuration's name - 12 hex digits of the sha256 of RV(managed) (without the listener, C(host)
+      and C(port), and without the O(config_hash_label) label), of RV(env) and of the names of the secrets
+      of RV(config_keys) (never a value). The same settings give the same hash on every run and every host,
+      whatever the build spells the flags.
+  returned: success
+  type: str
+  sample: 3f2a9c0d41be
 flag_dests:
   description:
     - The installed parser's flags whose dest is not the flag spelled with C(_), for reading a cmdline.

@@ -83,6 +83,26 @@ options:
         or not; the record says which) and its content is added to the record as C(pending).
       - A marker that is not there changes nothing.
     type: path
+  textfile:
+    description:
+      - With O(record), once it is written - rewrite this node_exporter textfile from it (what runs now) -
+        C(sglang_deploy_info{service, config_hash, invocation, window, budget, topk, algorithm,
+        sglang_version, result} 1) and C(sglang_deploy_timestamp_seconds) with the same labels (the record's
+        C(time)), the labels from the record's fields of those names (C(invocation) from C(invocation_id)),
+        escaped as Prometheus' text format wants. Written atomically (a file beside it, then a rename),
+        C(0644) root, its directory made C(0755) when missing.
+      - A textfile that cannot be written is a warning (RV(textfile.error)), not a failure - the record
+        stands.
+    type: dict
+    suboptions:
+      path:
+        description: The textfile (node_exporter's textfile collector reads C(*.prom) files of its directory).
+        type: path
+        required: true
+      service:
+        description: The service the record is of (the C(service) label).
+        type: str
+        required: true
 attributes:
   check_mode:
     support: full
@@ -126,10 +146,20 @@ pending_cleared:
   description: O(clear_pending) was there and is removed now (in check mode, would be).
   returned: when record is given
   type: bool
+textfile:
+  description: With O(textfile), its C(path) and C(written) (false in check mode), or C(error).
+  returned: when record and textfile are given
+  type: dict
+  sample: {"path": "/var/lib/node_exporter/textfile_collector/sglang_deploy.prom", "written": true}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded, write  # noqa: E402
+from ansible.module_utils.sglang_history import (  # noqa: E402
+    KNOWN_GOOD_OPTIONS,
+    TEXTFILE_OPTIONS,
+    NotRecorded,
+    write,
+)
 from ansible.module_utils.sglang_journal import parse_json_lines  # JSON lines, one object a line
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
 
@@ -154,6 +184,7 @@ def main():
             secret_values=dict(type="list", elements="str", default=[], no_log=True),
             known_good=dict(type="dict", options=KNOWN_GOOD_OPTIONS),
             clear_pending=dict(type="path"),
+            textfile=dict(type="dict", options=TEXTFILE_OPTIONS),
         ),
         supports_check_mode=True,
     )
@@ -169,17 +200,23 @@ def main():
         module.exit_json(changed=False, records=redact(records, secrets), skipped_lines=skipped, path=path)
 
     try:
-        entry, cleared = write(
+        entry, cleared, textfile = write(
             path,
             record,
             known_good=module.params["known_good"],
             clear_pending=module.params["clear_pending"],
             secrets=secrets,
             check_mode=module.check_mode,
+            textfile=module.params["textfile"],
         )
     except NotRecorded as exc:
         module.fail_json(msg=str(exc), recorded=False)
-    module.exit_json(changed=True, record=entry, path=path, pending_cleared=cleared)
+    result = dict(changed=True, record=entry, path=path, pending_cleared=cleared)
+    if textfile is not None:
+        result["textfile"] = textfile
+        if "error" in textfile:
+            module.warn(f"recorded, but the node_exporter textfile is not: {textfile['error']}")
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

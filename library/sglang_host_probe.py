@@ -288,6 +288,9 @@ options:
       config_path:
         description: As C(sglang_argv)'s.
         type: path
+      config_hash_label:
+        description: As C(sglang_argv)'s.
+        type: str
   preflight:
     description:
       - With O(argv), when the command line was built - let the release's SGLang judge it in this same call,

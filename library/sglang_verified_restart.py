@@ -153,6 +153,11 @@ options:
             description: The name of its metadata file.
             type: str
             required: true
+      textfile:
+        description:
+          - The node_exporter textfile to rewrite from the record (the C(textfile) option of
+            C(sglang_history)); one that cannot be written is a warning, the record stands.
+        type: dict
 attributes:
   check_mode:
     support: full
@@ -280,11 +285,15 @@ pending_cleared:
   description: O(record.clear_pending) was there and is removed now.
   returned: with O(record), once the invocation is verified and recorded
   type: bool
+textfile:
+  description: With O(record.textfile), its C(path) and C(written), or C(error).
+  returned: with O(record.textfile), once the invocation is verified and recorded
+  type: dict
 """
 
 from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, NotRecorded
+from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, TEXTFILE_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
 from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_name, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
@@ -318,6 +327,7 @@ ARGUMENT_SPEC = dict(
                 type="dict",
                 options=dict(dir=dict(type="path", required=True), meta_name=dict(type="str", required=True)),
             ),
+            textfile=dict(type="dict", options=TEXTFILE_OPTIONS),
         ),
         mutually_exclusive=[("known_good", "known_good_invocation")],
     ),
@@ -364,16 +374,21 @@ def record_verified(module, spec, result):
     if adopt is not None:
         adopt = dict(adopt, invocation_id=result["invocation_id"])
     try:
-        entry, cleared = write_history(
+        entry, cleared, textfile = write_history(
             spec["path"],
             entry,
             known_good=known_good,
             clear_pending=spec["clear_pending"],
             known_good_invocation=adopt,
+            textfile=spec["textfile"],
         )
     except NotRecorded as exc:
         module.fail_json(**dict(result, recorded=False, msg=f"{result['msg']} But {exc}"))
     result.update(record=entry, recorded=True, pending_cleared=cleared)
+    if textfile is not None:
+        result["textfile"] = textfile
+        if "error" in textfile:
+            module.warn(f"recorded, but the node_exporter textfile is not: {textfile['error']}")
 
 
 def report_check_mode(module, unit, props, action, problems):

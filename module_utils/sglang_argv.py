@@ -15,13 +15,17 @@ the setting or flag concerned.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import hashlib
 import json
 import numbers
 
 from ansible.module_utils.sglang_options import (  # noqa: E402
     ACCEPTED_DESTS,
     DFLASH_BASED,
+    LISTENER_KEYS,
+    METRIC_LABELS_KEY,
     MISSING_HINTS,
     SECRET_KEYS,
     WINDOW_KEY,
@@ -459,17 +463,70 @@ def flag_dests(capabilities):
     return {flag: dest for flag, (dest, _action) in flag_index(capabilities).items()}
 
 
+def config_hash(managed, env, secrets=(), label=None):
+    """The configuration's name: 12 hex digits of the sha256 of the managed arguments (canonical key ->
+    value, the listener left out so that hosts serving the same configuration share it, the metric labels
+    as an object without ``label``, the hash's own), of the knobs the build reads from the environment and
+    of the names of the ``secrets`` set (never a value). Stable for the same settings whatever the flag
+    spellings of the build."""
+    args = {key: value for key, value in managed.items() if key not in LISTENER_KEYS}
+    labels = args.pop(METRIC_LABELS_KEY, None)
+    if isinstance(labels, str):
+        with contextlib.suppress(ValueError):
+            labels = json.loads(labels)
+    if isinstance(labels, dict):
+        labels = {name: value for name, value in labels.items() if name != label}
+    if labels:
+        args[METRIC_LABELS_KEY] = labels
+    named = {"args": args, "env": env, "secrets": sorted(secrets)}
+    text = json.dumps(named, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _operator_labels(extra_args, index, label):
+    """(the labels of an ``--extra-metric-labels`` in ``extra_args``, the other extra args)."""
+    labels, rest = {}, []
+    for position, item in enumerate(extra_args or []):
+        flag = item.get("arg") if isinstance(item, dict) else None
+        if flag not in index or index[flag][0] != METRIC_LABELS_KEY:
+            rest.append(item)
+            continue
+        name = f"extra_args[{position}] ({flag})"
+        value = item.get("value")
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = None
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ValueError(f'{name}: must be a mapping of label -> string, e.g. {{"team": "inference"}}')
+        if label in value:
+            raise ValueError(f"{name}: the role sets the label {label} itself (the configuration's hash)")
+        labels.update(value)
+    return labels, rest
+
+
 def build_command(
-    settings, capabilities, profile, extra_args=None, secret_env=None, environment=None, config_path=None
+    settings,
+    capabilities,
+    profile,
+    extra_args=None,
+    secret_env=None,
+    environment=None,
+    config_path=None,
+    config_hash_label=None,
 ):
     """Settings + the installed parser + the build profile -> what the unit and env file need.
 
     Returns ``{'argv', 'secret_positions', 'config_keys', 'managed', 'env', 'env_managed', 'require_window',
-    'runner_lines'}`` (``secret_positions``: the argv indexes of the secret references; ``config_keys``:
-    the secrets the ``--config`` file at ``config_path`` must hold, canonical key -> YAML key): ``env``
-    holds the knobs the build reads from the environment (``{VAR: value}``), ``env_managed`` maps their
-    canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
-    and the tree budget. Raises ValueError naming the setting (the build's refusals first).
+    'runner_lines', 'config_hash'}`` (``secret_positions``: the argv indexes of the secret references;
+    ``config_keys``: the secrets the ``--config`` file at ``config_path`` must hold, canonical key -> YAML
+    key): ``env`` holds the knobs the build reads from the environment (``{VAR: value}``), ``env_managed``
+    maps their canonical keys to the variable, ``runner_lines`` names the start-up lines that prove the window
+    and the tree budget, ``config_hash`` names the configuration (``config_hash()`` of the command line
+    without its own label). With ``config_hash_label``, every metric of the server carries it: argv gets
+    ``--extra-metric-labels {"<label>": "<config_hash>"}`` (an ``--extra-metric-labels`` of ``extra_args``
+    merged in). Raises ValueError naming the setting (the build's refusals first).
     """
     index = flag_index(capabilities)
     extra = {}
@@ -496,6 +553,15 @@ def build_command(
     argv, managed = build_argv(
         flags, capabilities, extra_args, secret_env, secret_positions, config_path, config_keys
     )
+    # The hash of the command line without its own label: putting it there changes nothing it names.
+    named = config_hash(managed, env, config_keys, config_hash_label)
+    if config_hash_label:
+        labels, extra_args = _operator_labels(extra_args, index, config_hash_label)
+        flags = dict(flags, **{METRIC_LABELS_KEY: dict(labels, **{config_hash_label: named})})
+        secret_positions, config_keys = [], {}
+        argv, managed = build_argv(
+            flags, capabilities, extra_args, secret_env, secret_positions, config_path, config_keys
+        )
     algo = managed.get("speculative_algorithm")
     env_managed = {key: var for key, var in env_knob_sources(profile, algo).items() if var in env}
     return {
@@ -507,6 +573,7 @@ def build_command(
         "env_managed": env_managed,
         "require_window": window_support(algo) == "honoured" and managed.get(WINDOW_KEY) is not None,
         "runner_lines": runner_lines(profile, algo),
+        "config_hash": named,
         "notes": [
             f"{key}: {text}"
             for key, text in sorted(profile.get("notes", {}).get(str(algo or "").upper(), {}).items())

@@ -26,6 +26,7 @@ BUILD_OPTIONS = dict(
     profiles=dict(type="dict", default={}),
     environment=dict(type="list", elements="str", default=[]),
     config_path=dict(type="path"),
+    config_hash_label=dict(type="str"),
 )
 
 
@@ -68,6 +69,7 @@ def command_line(module, params, python=None, capabilities=None):
             secret_env,
             params["environment"],
             params["config_path"],
+            params["config_hash_label"],
         )
     except ValueError as exc:
         module.fail_json(msg=str(exc))

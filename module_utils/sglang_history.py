@@ -1,9 +1,10 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The deploy history's write: one redacted JSON line appended to the history file, the verified files kept as
-the known-good set first (only when they are byte for byte the ones the verified restart started), and the
-pending marker cleared. Shared by library/sglang_history.py and library/sglang_verified_restart.py (which
-records a verified restart in the call that verified it). Standard library only."""
+the known-good set first (only when they are byte for byte the ones the verified restart started), the
+pending marker cleared, and node_exporter's textfile rewritten from the record (what runs now). Shared by
+library/sglang_history.py and library/sglang_verified_restart.py (which records a verified restart in the call
+that verified it). Standard library only."""
 
 from __future__ import annotations
 
@@ -28,8 +29,29 @@ KNOWN_GOOD_OPTIONS = dict(
     sha256=dict(type="dict", default={}),
 )
 
+# The options of textfile (argument spec), the same in both modules.
+TEXTFILE_OPTIONS = dict(
+    path=dict(type="path", required=True),
+    service=dict(type="str", required=True),
+)
+
 FILE_MODE = 0o640
 DIR_MODE = 0o750
+# node_exporter runs as its own user: the textfile and its directory are world-readable.
+TEXTFILE_MODE = 0o644
+TEXTFILE_DIR_MODE = 0o755
+# Label of the textfile's metrics -> the record's field it comes from (service: the textfile's own).
+TEXTFILE_LABELS = (
+    ("service", None),
+    ("config_hash", "config_hash"),
+    ("invocation", "invocation_id"),
+    ("window", "window"),
+    ("budget", "budget"),
+    ("topk", "topk"),
+    ("algorithm", "algorithm"),
+    ("sglang_version", "sglang_version"),
+    ("result", "result"),
+)
 
 
 def now_utc():
@@ -167,6 +189,57 @@ def remove_pending(path):
     fsync_dir(os.path.dirname(path) or ".")
 
 
+def label_value(value):
+    """A record's value as a Prometheus label value, escaped as the text exposition format wants it
+    (backslash, double quote, newline); no value is the empty string (to Prometheus, no label)."""
+    if value is None:
+        text = ""
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float) and value.is_integer():
+        text = str(int(value))
+    else:
+        text = str(value)
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_textfile(entry, service):
+    """node_exporter textfile content for the history record ``entry`` (with its ``time``) of ``service``:
+    ``sglang_deploy_info`` (1) and ``sglang_deploy_timestamp_seconds`` (the record's time), both labelled with
+    what runs (TEXTFILE_LABELS)."""
+    values = {name: service if field is None else entry.get(field) for name, field in TEXTFILE_LABELS}
+    labels = ",".join(f'{name}="{label_value(values[name])}"' for name, _ in TEXTFILE_LABELS)
+    stamp = datetime.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    seconds = stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return (
+        "# HELP sglang_deploy_info The SGLang configuration the last deploy of the service left running"
+        " (its history record).\n"
+        "# TYPE sglang_deploy_info gauge\n"
+        f"sglang_deploy_info{{{labels}}} 1\n"
+        "# HELP sglang_deploy_timestamp_seconds When the last deploy of the service was recorded.\n"
+        "# TYPE sglang_deploy_timestamp_seconds gauge\n"
+        f"sglang_deploy_timestamp_seconds{{{labels}}} {seconds:.3f}\n"
+    )
+
+
+def write_textfile(spec, entry, check_mode=False):
+    """Rewrite ``spec['path']`` atomically (a file beside it, then rename: node_exporter reads the old content
+    or the new) from ``entry``; ``{'path', 'written'}``, or ``{'path', 'error'}`` when it cannot be written
+    (the record stands; the caller warns)."""
+    path = spec["path"]
+    data = render_textfile(entry, spec["service"]).encode("utf-8")
+    if check_mode:
+        return {"path": path, "written": False}
+    try:
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=TEXTFILE_DIR_MODE, exist_ok=True)
+        replace_file(path, data, TEXTFILE_MODE)
+    except OSError as exc:
+        return {"path": path, "error": f"cannot write {path}: {exc.strerror or exc}"}
+    return {"path": path, "written": True}
+
+
 class NotRecorded(Exception):
     """Nothing (or, when the pending marker could not be removed, only the record) was written; the message
     says which."""
@@ -205,10 +278,12 @@ def write(
     secrets=(),
     check_mode=False,
     known_good_invocation=None,
+    textfile=None,
 ):
     """Keep ``known_good`` (when given) or set the known-good set's invocation (``known_good_invocation``:
-    ``{dir, meta_name, invocation_id}``), append ``record`` with its time, clear the pending marker; returns
-    (the entry as written, whether a pending marker was cleared). Raises NotRecorded."""
+    ``{dir, meta_name, invocation_id}``), append ``record`` with its time, clear the pending marker, then
+    rewrite the ``textfile`` (when given, TEXTFILE_OPTIONS); returns (the entry as written, whether a pending
+    marker was cleared, what ``write_textfile`` returned or None). Raises NotRecorded."""
     entry = {"time": now_utc()}
     entry.update({k: v for k, v in record.items() if k != "time"})
     if known_good_invocation is not None:
@@ -244,4 +319,5 @@ def write(
                 raise NotRecorded(
                     f"recorded, but cannot remove the pending marker {clear_pending}: {exc.strerror or exc}"
                 ) from None
-    return entry, pending is not None
+    written = write_textfile(textfile, entry, check_mode) if textfile else None
+    return entry, pending is not None, written

@@ -67,7 +67,15 @@ SECRET_KEYS = frozenset({"api_key", "admin_api_key", "hf_token", "ssl_keyfile_pa
 MISSING_HINTS = {
     "speculative_ddtree_budget": "install a DDTree build and select its sglang_build_profile",
     "speculative_draft_window_size": "install SGLang with DFLASH support (0.5.11 or later)",
+    "extra_metric_labels": "set sglang_config_hash_label to '' for a build without it",
+    "enable_metrics": "set sglang_enable_metrics to false for a build without it",
 }
+
+# The option that labels every metric of the server (a JSON object of label -> value, SGLang 0.5.23
+# srt/arg_groups/fields/observability.py); the role puts the configuration's hash there.
+METRIC_LABELS_KEY = "extra_metric_labels"
+# Where the server listens, not what it serves: left out of the configuration's hash.
+LISTENER_KEYS = frozenset({"host", "port"})
 
 # argparse option strings of SGLang 0.5.23 whose dest is not the flag spelled with ``_`` (read from
 # ServerArgs.add_cli_args). Only a fallback: the deploy passes the installed parser's own map.

@@ -19,7 +19,9 @@ Comparison rules (``values_equal``), chosen to match what SGLang itself does to 
 * ``speculative_algorithm`` and other CASE_INSENSITIVE_KEYS compare case-insensitively
   (SGLang upper-cases the algorithm during resolution);
 * ``None`` equals a key that is absent (both mean "not set");
-* lists compare element-wise with the same rules.
+* lists compare element-wise with the same rules;
+* a mapping equals the JSON text of the same mapping (an option SGLang parses with ``json.loads``, such as
+  ``--extra-metric-labels``: argv holds the text, ``/server_info`` and the log line the object).
 
 Nothing else is normalised: a path with a trailing slash, ``8`` vs ``'8x'`` etc. are differences.
 """
@@ -27,6 +29,7 @@ Nothing else is normalised: a path with a trailing slash, ``8`` vs ``'8x'`` etc.
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 from ansible.module_utils.sglang_options import CASE_INSENSITIVE_KEYS, canonical_key, lookup
@@ -175,6 +178,8 @@ _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 def _scalar_equal(key, a, b):
     if a is None or b is None:
         return a is None and b is None
+    if isinstance(a, dict) or isinstance(b, dict):
+        return _as_mapping(a) is not None and _as_mapping(a) == _as_mapping(b)
     if isinstance(a, bool) or isinstance(b, bool):
         return _as_bool(a) is not None and _as_bool(a) == _as_bool(b)
     if isinstance(a, (int, float)) or isinstance(b, (int, float)):
@@ -185,6 +190,15 @@ def _scalar_equal(key, a, b):
             return a.upper() == b.upper()
         return a == b
     return a == b
+
+
+def _as_mapping(v):
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    return v if isinstance(v, dict) else None
 
 
 def _as_bool(v):

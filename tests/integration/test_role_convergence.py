@@ -5,7 +5,10 @@
    deterministic here: the 4096 unit (byte for byte what the role renders, which the next run's
    template task confirms by changing nothing) is written over ssh and systemd reloaded. Check mode
    then says it would restart because the unit on disk is not the last verified one; the real run
-   restarts, verifies 4096 and records it; a re-run is changed=0 on the same invocation.
+   restarts, verifies 4096 and records it; a re-run is changed=0 on the same invocation. On the way, every
+   metric of the running server and node_exporter's textfile name the configuration (issue 38 item 4): the
+   textfile follows each change of the window, a re-run leaves it untouched, and the same configuration
+   gets the same hash again.
 2. Releases: appending a requirement to sglang_dependency_requirements is another release (another key,
    issue 14 item 1), never an install into the running one: check mode names the new release beside the
    running one and changes nothing (the real switch between releases: tests/integration/test_releases.py).
@@ -23,7 +26,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import ansible.module_utils
+
 REPO = Path(__file__).resolve().parents[2]
+# The role's own hash of a configuration (module_utils/sglang_argv.py), imported as Ansible ships it.
+if str(REPO / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+from ansible.module_utils.sglang_argv import config_hash  # noqa: E402
+
 UNIT_PATH = "/etc/systemd/system/sglang.service"
 ENV_PATH = "/etc/sglang/sglang.env"
 KNOWN_GOOD_UNIT = "/var/lib/sglang-deploy/known-good/sglang.service"
@@ -49,6 +59,10 @@ VERIFY = "Prove the running invocation is healthy, owns its port and runs the in
 RELEASE_LOCK = "Release the deploy lock of the service"
 KEEP = "Keep the running-arguments assertion of this invocation"
 LOCK_DIR = "/run/sglang-deploy"
+KNOWN_GOOD_META = "/var/lib/sglang-deploy/known-good/sglang.json"
+# The role's default textfile (sglang_metrics_textfile) and SGLang's port in the lab.
+TEXTFILE = "/var/lib/node_exporter/textfile_collector/sglang_deploy.prom"
+METRICS = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/metrics').read().decode())\""
 
 
 def flat(r) -> str:
@@ -90,6 +104,33 @@ def window_of(lab_host, pid: int) -> str:
     return argv[argv.index("--speculative-draft-window-size") + 1]
 
 
+def configuration(lab_host) -> tuple[str, str, str]:
+    """(the hash of the running configuration as the known-good set records it, the textfile, its mtime)."""
+    meta = json.loads(lab_host.read_bytes(KNOWN_GOOD_META))
+    mtime = lab_host.ssh(f"stat -c %y {TEXTFILE}").stdout.strip()
+    return meta["config_hash"], lab_host.read_bytes(TEXTFILE).decode(), mtime
+
+
+def assert_named(lab_host, state, window: int) -> str:
+    """Every SGLang metric of the running server carries the configuration's hash, and the textfile says what
+    runs: that hash, this invocation, the window, verified. Returns the hash."""
+    named, text, _ = configuration(lab_host)
+    assert re.fullmatch(r"[0-9a-f]{12}", named), named
+    argv = lab_host.cmdline(state.main_pid)
+    assert "--enable-metrics" in argv, argv
+    assert json.loads(argv[argv.index("--extra-metric-labels") + 1]) == {"config_hash": named}, argv
+    samples = [line for line in lab_host.ssh(METRICS).stdout.splitlines() if line.startswith("sglang:")]
+    assert samples and all(f'config_hash="{named}"' in line for line in samples), samples
+    info = next(line for line in text.splitlines() if line.startswith("sglang_deploy_info{"))
+    assert info == (
+        f'sglang_deploy_info{{service="sglang",config_hash="{named}",invocation="{state.invocation_id}",'
+        f'window="{window}",budget="",topk="",algorithm="DFLASH",sglang_version="0.5.23",'
+        'result="verified"} 1'
+    ), text
+    assert re.search(r"(?m)^sglang_deploy_timestamp_seconds\{[^}]*\} \d+\.\d{3}$", text), text
+    return named
+
+
 def ok(r) -> None:
     assert r.returncode == 0, (r.stdout + r.stderr)[-8000:]
 
@@ -109,7 +150,16 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
     baseline_unit = lab_host.read_bytes(UNIT_PATH).decode()
     assert baseline_unit.count(WINDOW_FLAG.format(2048)) == 1, baseline_unit
     assert lab_host.read_bytes(KNOWN_GOOD_UNIT).decode() == baseline_unit
-    interrupted = baseline_unit.replace(WINDOW_FLAG.format(2048), WINDOW_FLAG.format(4096)).encode()
+    named_2048 = assert_named(lab_host, before, 2048)
+    # What the role renders for 4096: the window and the hash of the managed arguments with it.
+    managed = json.loads(lab_host.read_bytes(KNOWN_GOOD_META))["expected"]
+    named_4096 = config_hash(dict(managed, speculative_draft_window_size=4096), {}, (), "config_hash")
+    assert named_4096 != named_2048 and baseline_unit.count(named_2048) == 1
+    interrupted = (
+        baseline_unit.replace(WINDOW_FLAG.format(2048), WINDOW_FLAG.format(4096))
+        .replace(named_2048, named_4096)
+        .encode()
+    )
     try:
         # The interrupted run: the new unit in place (same owner and mode), systemd reloaded, no restart.
         payload = base64.b64encode(interrupted).decode()
@@ -155,6 +205,8 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         assert record["unit_sha256"] == after.unit_sha256
         assert f"the unit on disk is not the one last verified ({KNOWN_GOOD_UNIT})" in record["reasons"]
         assert lab_host.read_bytes(KNOWN_GOOD_UNIT) == interrupted
+        assert assert_named(lab_host, after, 4096) == named_4096 == record["config_hash"]
+        textfile = configuration(lab_host)
 
         # Converged: the same run again changes nothing and restarts nothing; current and verified, so neither
         # the write and restart nor the preflight runs.
@@ -164,9 +216,14 @@ def test_interrupted_deploy_is_restarted_verified_and_then_left_alone(lab_host):
         assert_role_converged(r)
         assert task_status(r, RESTART) is None, r.stdout[-6000:]
         assert lab_host.state() == after
+        # Nothing changed, nothing written: the textfile is the same file, not rewritten.
+        assert configuration(lab_host) == textfile
     finally:
         ok(run(lab_host, "baseline again", "-e", "window=2048", extra=FAST_VERIFY))
-    assert window_of(lab_host, lab_host.state().main_pid) == "2048"
+    restored = lab_host.state()
+    assert window_of(lab_host, restored.main_pid) == "2048"
+    # The same configuration has the same name again.
+    assert assert_named(lab_host, restored, 2048) == named_2048
 
 
 def test_env_file_with_a_wrong_mode_is_rewritten_and_the_server_restarted(lab_host):

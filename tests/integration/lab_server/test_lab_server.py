@@ -221,9 +221,13 @@ def test_dflash_without_draft_path_fails_resolution(tmp_path, models):
 
 
 # ------------------------------------------------------------------ a DFLASH server with an API key
+# --extra-metric-labels as the role passes it (the configuration's hash), and a value that needs escaping.
+LABELS = json.dumps({"config_hash": "3f2a9c0d41be", "team": 'in"fer\\ence'})
+
+
 @pytest.fixture(scope="module")
 def dflash(tmp_path_factory, models):
-    argv = [*dflash_argv(models), "--api-key", SECRET, "--enable-metrics"]
+    argv = [*dflash_argv(models), "--api-key", SECRET, "--enable-metrics", "--extra-metric-labels", LABELS]
     server = Server(tmp_path_factory.mktemp("dflash"), argv)
     server.wait_log(r"The server is fired up and ready to roll!")
     server.ready_after = time.monotonic() - server.started
@@ -332,6 +336,22 @@ def test_metrics_are_prometheus_text(dflash):
     status, raw = dflash.request("/metrics")
     assert status == 200
     assert re.search(r'^sglang:generation_tokens_total\{model_name=".*"\} \d+\.\d+$', raw.decode(), re.M)
+
+
+def test_every_metric_carries_the_extra_labels_as_sglang_puts_them(dflash):
+    """SGLang's collectors add --extra-metric-labels after their own labels and before a metric's own
+    (is_streaming), escaped as prometheus_client writes label values."""
+    samples = [
+        line for line in dflash.request("/metrics")[1].decode().splitlines() if line.startswith("sglang:")
+    ]
+    assert len(samples) == 4, samples
+    extra = 'config_hash="3f2a9c0d41be",team="in\\"fer\\\\ence"'
+    for line in samples:
+        assert extra in line, line
+    order = re.escape(f'engine_type="unified",{extra},is_streaming="false"}}')
+    assert any(
+        re.match(rf'sglang:prompt_tokens_total\{{model_name="[^"]+",{order} ', line) for line in samples
+    )
 
 
 # ------------------------------------------------------------------ older server: old API + dataclass log

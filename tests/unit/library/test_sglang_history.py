@@ -8,6 +8,9 @@ import stat
 import subprocess
 import sys
 
+import pytest
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_history import render_textfile
 from conftest import REPO
 
 SENTINEL = "SENTINEL-SECRET-9f3c"
@@ -345,3 +348,115 @@ def test_clear_pending_removes_the_marker_after_the_record_and_keeps_it_in_the_r
     result, failed = run_module("sglang_history", dict(args, record={"result": "rolled_back"}))
     assert not failed and result["record"]["pending"]["unreadable"].startswith("not JSON")
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------ node_exporter's textfile
+HELP_INFO = (
+    "# HELP sglang_deploy_info The SGLang configuration the last deploy of the service left running"
+    " (its history record).\n# TYPE sglang_deploy_info gauge\n"
+)
+HELP_TIME = (
+    "# HELP sglang_deploy_timestamp_seconds When the last deploy of the service was recorded.\n"
+    "# TYPE sglang_deploy_timestamp_seconds gauge\n"
+)
+# 2026-12-02T16:40:00.250Z
+STAMP, SECONDS = "2026-12-02T16:40:00.250000Z", "1796229600.250"
+
+
+def textfile(labels):
+    info = f"sglang_deploy_info{{{labels}}} 1\n"
+    return f"{HELP_INFO}{info}{HELP_TIME}sglang_deploy_timestamp_seconds{{{labels}}} {SECONDS}\n"
+
+
+@pytest.mark.parametrize(
+    ("service", "entry", "labels"),
+    [
+        (
+            "sglang",
+            {
+                "result": "verified",
+                "config_hash": "3f2a9c0d41be",
+                "invocation_id": "5f67eaa332b14ce095abdbeeeb5c0407",
+                "window": 2048,
+                "budget": None,
+                "topk": None,
+                "algorithm": "DFLASH",
+                "sglang_version": "0.5.23",
+                "args": {"speculative_draft_window_size": 2048},
+            },
+            'service="sglang",config_hash="3f2a9c0d41be",invocation="5f67eaa332b14ce095abdbeeeb5c0407",'
+            'window="2048",budget="",topk="",algorithm="DFLASH",sglang_version="0.5.23",result="verified"',
+        ),
+        (
+            "sglang-k26-ddtree",
+            {
+                "result": "rolled_back",
+                "config_hash": "0a1b2c3d4e5f",
+                "invocation_id": "aa",
+                "window": 2048.0,
+                "budget": 8,
+                "topk": 4,
+                "algorithm": "DDTREE",
+                "sglang_version": "0.0.0.dev0+labreplay.ddtree.pr29907",
+            },
+            'service="sglang-k26-ddtree",config_hash="0a1b2c3d4e5f",invocation="aa",window="2048",budget="8",'
+            'topk="4",algorithm="DDTREE",sglang_version="0.0.0.dev0+labreplay.ddtree.pr29907",result="rolled_back"',
+        ),
+        # A failed rollback knows only its result: every other label is empty (to Prometheus, absent).
+        (
+            "sglang",
+            {"result": "rollback_failed", "failure": "boom"},
+            'service="sglang",config_hash="",invocation="",window="",budget="",topk="",algorithm="",'
+            'sglang_version="",result="rollback_failed"',
+        ),
+        # Escaped as the exposition format wants: backslash, double quote, newline.
+        (
+            'a"b',
+            {"result": "verified", "sglang_version": 'x\\y"z\nw', "algorithm": True},
+            'service="a\\"b",config_hash="",invocation="",window="",budget="",topk="",algorithm="true",'
+            'sglang_version="x\\\\y\\"z\\nw",result="verified"',
+        ),
+    ],
+)
+def test_the_textfile_says_what_runs_and_when_it_was_deployed(service, entry, labels):
+    assert render_textfile(dict(entry, time=STAMP), service) == textfile(labels)
+
+
+def test_the_textfile_is_written_atomically_with_the_record_and_not_in_check_mode(run_module, tmp_path):
+    history = tmp_path / "history.jsonl"
+    path = tmp_path / "textfile_collector" / "sglang_deploy.prom"
+    record = dict(RECORD, config_hash="3f2a9c0d41be", algorithm="DFLASH", sglang_version="0.5.23")
+    spec = {"path": str(path), "service": "sglang"}
+    result, failed = run_module(
+        "sglang_history",
+        {"path": str(history), "record": record, "textfile": spec, "_ansible_check_mode": True},
+    )
+    assert not failed and result["textfile"] == {"path": str(path), "written": False}
+    assert not path.parent.exists()
+    result, failed = run_module(
+        "sglang_history",
+        {"path": str(history), "record": record, "textfile": spec, "secret_values": [SENTINEL]},
+    )
+    assert not failed and result["textfile"] == {"path": str(path), "written": True}
+    written = json.loads(history.read_text())
+    assert path.read_text() == render_textfile(written, "sglang")
+    assert 'config_hash="3f2a9c0d41be"' in path.read_text() and 'result="verified"' in path.read_text()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o755
+    # Only the textfile in its directory: the temporary file was renamed over it.
+    assert os.listdir(path.parent) == ["sglang_deploy.prom"]
+
+
+def test_a_textfile_that_cannot_be_written_is_a_warning_and_the_record_stands(
+    run_module, tmp_path, monkeypatch
+):
+    warned = []
+    monkeypatch.setattr(AnsibleModule, "warn", lambda _self, text: warned.append(text))
+    history = tmp_path / "history.jsonl"
+    (tmp_path / "not-a-dir").write_text("")
+    spec = {"path": str(tmp_path / "not-a-dir" / "sglang_deploy.prom"), "service": "sglang"}
+    result, failed = run_module("sglang_history", {"path": str(history), "record": RECORD, "textfile": spec})
+    assert not failed and result["changed"] is True
+    assert result["textfile"]["error"].startswith(f"cannot write {spec['path']}: ")
+    assert warned == [f"recorded, but the node_exporter textfile is not: {result['textfile']['error']}"]
+    assert json.loads(history.read_text())["result"] == "verified"

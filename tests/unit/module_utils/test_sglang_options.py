@@ -285,3 +285,118 @@ def test_pr29907_requires_an_explicit_page_size_and_notes_the_topk_cap():
     assert built["notes"] and built["notes"][0].startswith(
         "speculative_eagle_topk: SGLANG_DDTREE_MAX_TOPK caps"
     )
+
+
+# ------------------------------------------------------------------ the configuration's hash
+def hashed(name, label="config_hash", extra=(), **settings):
+    extra = [*(PAGE1 if name == "ddtree-pr29907" else []), *extra]
+    return build_command(dict(BASE, **settings), CAPS[name], profile(name), extra, config_hash_label=label)
+
+
+@pytest.mark.parametrize("name", sorted(DUMPS))
+def test_every_metric_is_labelled_with_the_hash_of_the_command_line_without_that_label(name):
+    built = hashed(name, speculative_algorithm="DFLASH", enable_metrics=True)
+    argv = built["argv"]
+    assert "--enable-metrics" in argv
+    labels = argv[argv.index("--extra-metric-labels") + 1]
+    assert json.loads(labels) == {"config_hash": built["config_hash"]}
+    assert built["managed"]["extra_metric_labels"] == {"config_hash": built["config_hash"]}
+    assert len(built["config_hash"]) == 12 and int(built["config_hash"], 16) >= 0
+    # The label in argv changes nothing it names: the same settings built without the label hash the same.
+    unlabelled = hashed(name, label=None, speculative_algorithm="DFLASH", enable_metrics=True)
+    assert "--extra-metric-labels" not in unlabelled["argv"]
+    assert unlabelled["config_hash"] == built["config_hash"]
+    assert hashed(name, speculative_algorithm="DFLASH", enable_metrics=True) == built
+
+
+@pytest.mark.parametrize(
+    ("change", "same"),
+    [
+        ({"speculative_draft_window_size": 4096}, False),
+        ({"enable_metrics": False}, False),
+        ({"mem_fraction_static": 0.8}, False),
+        # The listener is where it serves, not what: hosts with the same configuration share the hash.
+        ({"host": "10.214.0.7", "port": 30001}, True),
+        # The secret is in the --config file: the hash sees only that it is set, never its value.
+        ({"api_key": True}, False),
+    ],
+)
+def test_the_hash_follows_what_the_server_runs_not_where_it_listens(change, same):
+    base = dict(speculative_algorithm="DFLASH", enable_metrics=True, host="127.0.0.1", port=30000)
+    before, after = (
+        build_command(
+            dict(BASE, **settings),
+            CAPS["upstream"],
+            profile("upstream"),
+            config_path="/etc/sglang/sglang.yaml",
+            config_hash_label="config_hash",
+        )
+        for settings in (base, dict(base, **change))
+    )
+    assert (after["config_hash"] == before["config_hash"]) is same
+
+
+def test_a_knob_the_build_reads_from_the_environment_is_in_the_hash():
+    """PR #29907 takes the tree top-k from SGLANG_DDTREE_MAX_TOPK: argv alike, the hash differs."""
+    four = hashed(
+        "ddtree-pr29907",
+        speculative_algorithm="DDTREE",
+        speculative_ddtree_budget=8,
+        speculative_eagle_topk=4,
+    )
+    two = hashed(
+        "ddtree-pr29907",
+        speculative_algorithm="DDTREE",
+        speculative_ddtree_budget=8,
+        speculative_eagle_topk=2,
+    )
+    assert [a for a in four["argv"] if "config_hash" not in a] == [
+        a for a in two["argv"] if "config_hash" not in a
+    ]
+    assert four["config_hash"] != two["config_hash"]
+
+
+def test_the_same_settings_hash_the_same_whatever_the_build_spells_the_window():
+    """0.5.11 spells the window --speculative-dflash-draft-window-size, 0.5.23
+    --speculative-draft-window-size."""
+    old, new = (hashed(name, speculative_algorithm="DFLASH") for name in ("dflash-old-window", "upstream"))
+    assert old["argv"] != new["argv"]
+    assert old["config_hash"] == new["config_hash"]
+
+
+def test_the_operators_metric_labels_are_merged_and_the_hash_label_is_the_roles():
+    team = [{"arg": "--extra-metric-labels", "value": {"team": "inference"}}]
+    built = hashed("upstream", extra=team, speculative_algorithm="DFLASH")
+    argv = built["argv"]
+    assert argv.count("--extra-metric-labels") == 1
+    assert json.loads(argv[argv.index("--extra-metric-labels") + 1]) == {
+        "config_hash": built["config_hash"],
+        "team": "inference",
+    }
+    # The operator's labels are configuration too.
+    assert built["config_hash"] != hashed("upstream", speculative_algorithm="DFLASH")["config_hash"]
+    as_text = [{"arg": "--extra-metric-labels", "value": '{"team": "inference"}'}]
+    assert hashed("upstream", extra=as_text, speculative_algorithm="DFLASH")["argv"] == argv
+    with pytest.raises(
+        ValueError, match=r"^extra_args\[0\] \(--extra-metric-labels\): the role sets the label"
+    ):
+        hashed("upstream", extra=[{"arg": "--extra-metric-labels", "value": {"config_hash": "x"}}])
+    with pytest.raises(ValueError, match=r"^extra_args\[0\] \(--extra-metric-labels\): must be a mapping"):
+        hashed("upstream", extra=[{"arg": "--extra-metric-labels", "value": "team=inference"}])
+
+
+def test_a_build_without_extra_metric_labels_is_refused_as_any_absent_flag():
+    """Every recorded build has the flag; a build without it (the 0.5.23 dump less that option) is refused
+    like any setting its parser cannot express, naming the setting and the role variable that turns it off."""
+    caps = json.loads(json.dumps(CAPS["upstream"]))
+    del caps["options"]["extra_metric_labels"]
+    with pytest.raises(ValueError) as err:
+        build_command(
+            dict(BASE, speculative_algorithm="DFLASH"),
+            caps,
+            profile("upstream"),
+            config_hash_label="config_hash",
+        )
+    assert str(err.value).startswith("extra_metric_labels: SGLang 0.5.23 has no matching flag")
+    assert "sglang_config_hash_label" in str(err.value)
+    assert "--extra-metric-labels" not in build_command(dict(BASE), caps, profile("upstream"))["argv"]

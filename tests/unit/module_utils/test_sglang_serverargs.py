@@ -109,6 +109,26 @@ def test_compare_is_alias_aware_and_type_tolerant():
     assert not sa.values_equal("trust_remote_code", True, "yes")
 
 
+LABELS = {"config_hash": "3f2a9c0d41be"}
+
+
+@pytest.mark.parametrize(
+    ("running", "equal"),
+    [
+        (LABELS, True),  # /server_info, the dict-form server_args= line (ast)
+        ('{"config_hash":"3f2a9c0d41be"}', True),  # /proc/<pid>/cmdline: the JSON text SGLang parses
+        ('{"config_hash": "3f2a9c0d41be"}', True),
+        ('{"config_hash":"000000000000"}', False),
+        ({"config_hash": "3f2a9c0d41be", "team": "x"}, False),
+        ("config_hash=3f2a9c0d41be", False),
+        (None, False),
+    ],
+)
+def test_a_mapping_equals_its_json_text_as_sglang_parses_it(running, equal):
+    """--extra-metric-labels: argv holds JSON text (json.loads), /server_info and the log line the object."""
+    assert sa.values_equal("extra_metric_labels", LABELS, running) is equal
+
+
 def test_read_argv_reads_flags_like_argparse():
     argv = [
         "/opt/sglang/venv/bin/sglang",

@@ -118,6 +118,26 @@ def test_the_role_defaults_pass(settings):
         ("sglang_launcher", [], "sglang_launcher: must be a non-empty list of strings"),
         ("sglang_releases_dir", "releases", 'sglang_releases_dir="releases": must be an absolute path'),
         ("sglang_releases_keep", 0, "sglang_releases_keep=0 (int): must be an integer from 1 to 100"),
+        (
+            "sglang_config_hash_label",
+            "config-hash",
+            'sglang_config_hash_label="config-hash": must be a Prometheus label name',
+        ),
+        (
+            "sglang_config_hash_label",
+            "__hash",
+            'sglang_config_hash_label="__hash": must be a Prometheus label',
+        ),
+        (
+            "sglang_metrics_textfile",
+            "sglang_deploy.prom",
+            'sglang_metrics_textfile="sglang_deploy.prom": must be an absolute path ending in .prom',
+        ),
+        (
+            "sglang_metrics_textfile",
+            "/var/lib/node_exporter/sglang.txt",
+            'sglang_metrics_textfile="/var/lib/node_exporter/sglang.txt": must be an absolute path ending',
+        ),
     ],
 )
 def test_one_broken_rule_names_its_setting(settings, name, value, expected):
