@@ -52,8 +52,9 @@ SGLANG_LAB_CRASH_AFTER=<s> (scheduler traceback, exit 1, that many seconds after
 SGLANG_LAB_HANG=1 (never opens the port; a stuck shard-load line every 3 s),
 SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process),
 SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory).
-/metrics exists only with --enable-metrics, as in SGLang. SIGTERM: drain, exit 0 (as SGLang: /health
-503, generation requests still accepted meanwhile).
+/metrics exists only with --enable-metrics, as in SGLang (synthetic values; --extra-metric-labels on every
+metric, as SGLang's collectors add them). SIGTERM: drain, exit 0 (as SGLang: /health 503, generation
+requests still accepted meanwhile).
 
 Drain endpoints, as SGLang 0.5.23 serves them (not on OLD_API or replay builds): `GET /v1/loads`
 (entrypoints/v1_loads.py: `include=`, `dp_rank=`, `format=prometheus`; SGLang's own LoadSnapshot per DP
