@@ -297,7 +297,7 @@ options:
         as C(sglang_preflight) does (the argv, its C(--config) keys and the environment the command line adds
         are the built ones), so a command line SGLang refuses fails the probe before anything is written, and
         an accepted one costs a cache lookup the next time. SGLang's warnings are shown when a command line is
-        judged the first time (not from the cache).
+        judged the first time (not from the cache). Not while O(preflight.run_as) is not on the host yet.
     type: dict
     suboptions:
       device:
@@ -830,6 +830,14 @@ def account(user):
     return True, pw.pw_dir == user["home"] and pw.pw_shell == user["shell"] and primary == user["group"]
 
 
+def account_exists(name):
+    """No account asked for, or that account is on the host."""
+    try:
+        return not name or bool(pwd.getpwnam(name))
+    except KeyError:
+        return False
+
+
 def sha256_of(path):
     try:
         return file_digest(path, "sha256")
@@ -1062,7 +1070,8 @@ def main():
         if complete and os.access(python, os.X_OK):
             capabilities, found, meta = discovered(module, p["argv"], python)
             built["argv"] = dict(command_line(module, p["argv"], capabilities=capabilities), **found)
-            if p["preflight"] is not None:
+            # Not before install.yml made the account it parses as: the parse after the install judges then.
+            if p["preflight"] is not None and account_exists(p["preflight"]["run_as"]):
                 built["preflight"] = judged(module, p["preflight"], python, built["argv"], meta)
     answer = dict(
         changed=False,

@@ -734,3 +734,51 @@ def test_the_command_line_is_built_in_the_probes_call_only_for_a_complete_releas
     )
     on_disk = json.loads((tmp_path / "run" / "sglang-deploy" / "sglang.lock").read_text())
     assert result["lock"]["token"] == on_disk["token"]
+
+
+def test_the_probe_judges_its_command_line_only_once_the_account_it_parses_as_exists(
+    run_module, host, tmp_path, monkeypatch
+):
+    """A host booted with a complete release but before install.yml made the service account: the probe
+    leaves the parse to sglang_preflight after the install (no verdict, so the decision's ``parse`` holds);
+    with the account there it judges the command line it built, with the environment that line adds."""
+    from ansible.module_utils import sglang_argv_run, sglang_preflight
+
+    judged = []
+
+    def discover(module, python, cache_dir, timeout, cache_files=None):
+        return CAPS_0523, True, os.path.join(cache_dir, "x.json"), {"version": "0.5.23"}
+
+    def preflight(module, params, meta=None):
+        judged.append((params["argv"], params["env"], params["run_as"], meta))
+        return (
+            {"version": "0.5.23", "resolved": {"speculative_draft_window_size": 2048}, "warnings": []},
+            True,
+            [],
+        )
+
+    monkeypatch.setattr(sglang_argv_run, "discover", discover)
+    monkeypatch.setattr(sglang_preflight, "preflight", preflight)
+    build_good_host(tmp_path)
+    release, key, version, wanted, spec = release_beside_venv(tmp_path)
+    (release / "sglang-deploy-install.json").write_text(json.dumps(dict(wanted, release=key, python=version)))
+    argv = {"settings": DFLASH, "cache_dir": str(tmp_path / "caps"), "config_path": "/etc/sglang/sglang.yaml"}
+    args = {k: v for k, v in want(tmp_path).items() if k not in ("venv", "marker")}
+    args.update(release=spec, argv=argv)
+
+    missing = {"run_as": "sglang-no-such-account", "env": {"HF_HOME": "/h"}}
+    result, failed = run_module("sglang_host_probe", dict(args, preflight=missing))
+    assert not failed, result
+    assert result["argv"] is not None and "preflight" not in result and judged == []
+
+    there = {"run_as": pwd.getpwuid(os.getuid()).pw_name, "env": {"HF_HOME": "/h"}}
+    result, failed = run_module("sglang_host_probe", dict(args, preflight=there))
+    assert not failed, result
+    assert result["preflight"] == {
+        "version": "0.5.23",
+        "resolved": {"speculative_draft_window_size": 2048},
+        "cached": True,
+    }
+    ((argv_judged, env, run_as, meta),) = judged
+    assert argv_judged == result["argv"]["argv"] and run_as == there["run_as"]
+    assert env == dict({"HF_HOME": "/h"}, **result["argv"]["env"]) and meta == {"version": "0.5.23"}
