@@ -51,7 +51,9 @@ key spelled `speculative_dflash_draft_window_size`), SGLANG_LAB_OLD_API=1 (an ol
 SGLANG_LAB_CRASH_AFTER=<s> (scheduler traceback, exit 1, that many seconds after start),
 SGLANG_LAB_HANG=1 (never opens the port; a stuck shard-load line every 3 s),
 SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process),
-SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory).
+SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory),
+SGLANG_LAB_ACCEPT_LENGTH=<L> (with a speculative algorithm: L tokens per verify forward instead of the
+model's, so a /generate answer's completion_tokens / spec_verify_ct is about L; at least 1).
 /metrics exists only with --enable-metrics, as in SGLang (synthetic values; --extra-metric-labels on every
 metric, as SGLang's collectors add them). SIGTERM: drain, exit 0 (as SGLang: /health 503, generation
 requests still accepted meanwhile).
@@ -169,8 +171,9 @@ def scheduler_logger(resolved: dict) -> logging.Logger:
     return logger
 
 
-def spec_profile(d: dict) -> dict:
-    """The synthetic speculative-decoding model documented in the module docstring."""
+def spec_profile(d: dict, accept_length: float | None = None) -> dict:
+    """The synthetic speculative-decoding model documented in the module docstring; ``accept_length``
+    (SGLANG_LAB_ACCEPT_LENGTH) replaces its tokens per verify forward."""
     algo = d.get("speculative_algorithm")
     if not algo:
         return {"algo": None, "D": 1, "L": 1.0, "step_ms": 4.0}
@@ -184,7 +187,17 @@ def spec_profile(d: dict) -> dict:
     f_budget = 1 + 0.1 * math.log2(budget / draft) if budget > draft else 1.0
     q = min(0.95, 0.25 * f_window * (1 + 0.1 * math.log2(topk)) * f_budget)
     step_ms = 4 + 0.25 * (draft - 1) + (0.5 * min(window, 32768) / 32768 if window else 0.5) + 0.01 * budget
-    return {"algo": algo, "D": draft, "L": 1 + (draft - 1) * q, "step_ms": step_ms}
+    return {"algo": algo, "D": draft, "L": accept_length or 1 + (draft - 1) * q, "step_ms": step_ms}
+
+
+def env_accept_length() -> float | None:
+    """SGLANG_LAB_ACCEPT_LENGTH: the tokens per verify forward the server is told to reach (None: its model's)."""
+    length = env_float("SGLANG_LAB_ACCEPT_LENGTH", None)
+    if length is not None and length < 1:
+        raise LabConfigError(
+            f"SGLANG_LAB_ACCEPT_LENGTH must be >= 1 (tokens per verify forward), got {length}"
+        )
+    return length
 
 
 def count_tokens(text: str) -> int:
@@ -1010,6 +1023,7 @@ class Lab:
         self.crash_after = env_float("SGLANG_LAB_CRASH_AFTER", None)
         self.hang, self.old_api = env_flag("SGLANG_LAB_HANG"), env_flag("SGLANG_LAB_OLD_API")
         self.spawn_child = env_flag("SGLANG_LAB_SPAWN_CHILD")
+        self.accept_length = env_accept_length()
         self.replay = replay_recording()
         self.log_format = os.environ.get("SGLANG_LAB_LOG_FORMAT") or (
             self.replay["server_args_form"] if self.replay else "dict"
@@ -1043,7 +1057,7 @@ class Lab:
             if entry:
                 cache.store(entry)
         self.resolved = d
-        self.sched, self.spec = scheduler_logger(d), spec_profile(d)
+        self.sched, self.spec = scheduler_logger(d), spec_profile(d, self.accept_length)
         self.model_cfg = read_config(d["model_path"])
         self.context_len = d.get("context_length") or self.model_cfg.get("max_position_embeddings") or 4096
 
