@@ -158,6 +158,36 @@ options:
           - The node_exporter textfile to rewrite from the record (the C(textfile) option of
             C(sglang_history)); one that cannot be written is a warning, the record stands.
         type: dict
+  speculation:
+    description:
+      - Once the restarted invocation is verified (and its running arguments, with O(running_args)), and
+        before O(record) is written, show that speculative decoding takes effect, by one deterministic
+        C(/generate) request (temperature 0, a prompt longer than O(speculation.window), a fixed number of new
+        tokens) and SGLang's acceptance length from its answer, C(completion_tokens / spec_verify_ct)
+        (module_utils/sglang_speculation.py). The result is RV(speculation) and goes into the history record.
+      - Under O(speculation.min_accept_length) the call fails naming the figure and records nothing. A probe
+        that gets no usable answer is reported in RV(speculation) (C(error)); it fails the call only with
+        O(speculation.min_accept_length).
+      - Only with a restart (O(restart=true), or a O(baseline) to continue); a probe of a running service
+        sends no request.
+    type: dict
+    suboptions:
+      window:
+        description: The draft window; the probe's prompt is longer than it.
+        type: int
+      min_accept_length:
+        description: The acceptance length the invocation must reach (unset, record only). Must be > 0.
+        type: float
+      draft_path:
+        description:
+          - The drafter's directory, given for a DFLASH drafter only. When O(speculation.window) exceeds the
+            sliding window in its C(config.json) (C(text_config.sliding_window), else C(sliding_window), as
+            SGLang reads it), the call warns naming the file and the field.
+        type: path
+      new_tokens:
+        description: New tokens the probe asks for.
+        type: int
+        default: 64
 attributes:
   check_mode:
     support: full
@@ -281,6 +311,14 @@ recorded:
   description: Whether O(record) was written.
   returned: with O(record), once the invocation is verified
   type: bool
+speculation:
+  description:
+    - The speculation probe's figures, C(accept_length) (C(completion_tokens / spec_verify_ct), 1.0 when
+      nothing was verified), C(completion_tokens), C(spec_verify_ct), C(new_tokens) and C(stand_in) (true
+      when the lab's stand-in server made them); or C(error), the reason the probe got no usable answer.
+  returned: with O(speculation), once the restarted invocation is verified
+  type: dict
+  sample: {accept_length: 4.0, completion_tokens: 64, spec_verify_ct: 16, new_tokens: 64, stand_in: false}
 pending_cleared:
   description: O(record.clear_pending) was there and is removed now.
   returned: with O(record), once the invocation is verified and recorded
@@ -297,6 +335,7 @@ from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, TEXTFILE_OPT
 from ansible.module_utils.sglang_history import write as write_history
 from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_name, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
+from ansible.module_utils.sglang_speculation import ProbeError, below_minimum, measure, window_warning
 from ansible.module_utils.sglang_systemd import SystemctlError
 from ansible.module_utils.sglang_systemd import show as systemctl_show
 
@@ -331,6 +370,15 @@ ARGUMENT_SPEC = dict(
         ),
         mutually_exclusive=[("known_good", "known_good_invocation")],
     ),
+    speculation=dict(
+        type="dict",
+        options=dict(
+            window=dict(type="int"),
+            min_accept_length=dict(type="float"),
+            draft_path=dict(type="path"),
+            new_tokens=dict(type="int", default=64),
+        ),
+    ),
 )
 RUNNING = ("active", "activating", "reloading", "deactivating")
 C_ENV = {"LANG": "C", "LC_ALL": "C"}
@@ -350,9 +398,53 @@ def checked_params(module):
         module.fail_json(msg=f"budget must be >= 0 (got {params['budget']})")
     if params["restart"] and params["baseline"]:
         module.fail_json(msg="baseline is only used with restart=false (it continues an earlier restart)")
-    if params["record"] is not None and not (params["restart"] or params["baseline"]):
-        module.fail_json(msg="record is only used with a restart (restart=true, or a baseline to continue)")
+    for name in ("record", "speculation"):
+        if params[name] is not None and not (params["restart"] or params["baseline"]):
+            module.fail_json(
+                msg=f"{name} is only used with a restart (restart=true, or a baseline to continue)"
+            )
+    spec = params["speculation"]
+    if spec is not None:
+        if spec["min_accept_length"] is not None and spec["min_accept_length"] <= 0:
+            module.fail_json(
+                msg=f"speculation.min_accept_length must be > 0 (got {spec['min_accept_length']})"
+            )
+        if spec["new_tokens"] <= 0:
+            module.fail_json(msg=f"speculation.new_tokens must be > 0 (got {spec['new_tokens']})")
     return params
+
+
+def probe_speculation(module, params, result):
+    """The speculation probe of the verified invocation, into ``result['speculation']``; the drafter's
+    sliding-window warning; under the minimum (or no usable answer with a minimum) the call fails, nothing
+    recorded."""
+    spec = params["speculation"]
+    if spec["draft_path"]:
+        warning = window_warning(spec["draft_path"], spec["window"])
+        if warning:
+            module.warn(warning)
+    minimum = spec["min_accept_length"]
+    try:
+        figures = measure(
+            params["host"], params["port"], params["api_key"], spec["window"], spec["new_tokens"]
+        )
+    except ProbeError as exc:
+        result["speculation"] = {"error": str(exc)}
+        if minimum:
+            module.fail_json(
+                **dict(
+                    result,
+                    recorded=False,
+                    msg=f"{result['msg']} But the speculation probe got no acceptance length "
+                    f"(sglang_min_accept_length {minimum}): {exc}",
+                )
+            )
+        module.warn(f"the speculation probe got no acceptance length: {exc}")
+        return
+    result["speculation"] = figures
+    failure = below_minimum(figures, minimum)
+    if failure:
+        module.fail_json(**dict(result, recorded=False, msg=f"{result['msg']} But its {failure}"))
 
 
 def record_verified(module, spec, result):
@@ -367,6 +459,8 @@ def record_verified(module, spec, result):
     )
     if "running" in result:
         entry["read_from"] = result["running"].get("read_from") or {}
+    if "speculation" in result:
+        entry["speculation"] = result["speculation"]
     known_good = spec["known_good"]
     if known_good is not None:
         known_good = dict(known_good, meta=dict(known_good["meta"], invocation_id=result["invocation_id"]))
@@ -468,6 +562,8 @@ def main():
     if params["budget"] is not None:
         budget_end_us = min(budget_end_us, call_us + int(params["budget"] * 1e6))
     result = run_and_assert(module, params, baseline, systemctl, budget_end_us)
+    if params["speculation"] is not None and not result["pending"] and not module.check_mode:
+        probe_speculation(module, params, result)
     if params["record"] is not None and not result["pending"]:
         record_verified(module, params["record"], result)
     module.exit_json(**result)

@@ -15,8 +15,9 @@ import shutil
 import socket
 
 import pytest
-from ansible.module_utils import sglang_journal
+from ansible.module_utils import sglang_http, sglang_journal
 from ansible.module_utils import sglang_running_args as running_args
+from ansible.module_utils import sglang_speculation as speculation_utils
 from ansible.module_utils import sglang_verifier as worker
 from ansible.module_utils.basic import AnsibleModule
 from conftest import FIXTURES, call_main, load_module
@@ -587,3 +588,134 @@ def test_a_verified_rollback_makes_its_invocation_the_last_verified_one(monkeypa
     assert after == dict(meta, invocation_id=res["invocation_id"]) and after["api_key"] == SECRET
     assert (kg / "vr-healthy.service").read_bytes() == before["vr-healthy.service"]
     assert json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])["result"] == "rolled_back"
+
+
+# ------------------------------------------------------------------------ speculation takes effect (P24)
+SPEC_FIX = FIXTURES / "speculation"
+
+
+class Generate:
+    """The /generate answer recorded from the lab server (tests/fixtures/speculation/), or a refused
+    connection; notes the fake time of each request."""
+
+    def __init__(self, replay, answer="generate-dflash-2048.json", verify_ct=None):
+        self.replay, self.calls = replay, []
+        self.body = json.loads((SPEC_FIX / answer).read_text()) if answer else None
+        if verify_ct is not None:
+            self.body["meta_info"]["spec_verify_ct"] = verify_ct
+
+    def __call__(self, url, payload, api_key=None, timeout=60.0):
+        self.calls.append((self.replay.now, url, api_key, payload))
+        if self.body is None:
+            raise sglang_http.HttpError(f"POST {url} failed: [Errno 111] Connection refused")
+        return 200, self.body
+
+
+def run_speculation(monkeypatch, tmp_path, speculation, generate_kw=None, **extra):
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    generate = Generate(replay, **(generate_kw or {}))
+    monkeypatch.setattr(speculation_utils, "post_json", generate)
+    args = {
+        "unit": "vr-healthy",
+        "port": 18001,
+        "api_key": SECRET,
+        "stable_seconds": 1,
+        "speculation": speculation,
+    }
+    args.update(extra)
+    return run(monkeypatch, replay, args, tree="healthy"), replay, generate
+
+
+def test_the_speculation_probe_runs_after_the_proof_and_is_recorded(monkeypatch, tmp_path):
+    """The restarted invocation proven (ready, stable), one deterministic /generate to it; its acceptance
+    length (completion_tokens / spec_verify_ct) is returned and written into the history record."""
+    spec = _record_spec(tmp_path)
+    res, replay, generate = run_speculation(monkeypatch, tmp_path, {"window": 2048}, record=spec)
+    assert not res.get("failed"), res["msg"]
+    figures = {
+        "accept_length": 4.0,
+        "completion_tokens": 64,
+        "spec_verify_ct": 16,
+        "new_tokens": 64,
+        "stand_in": True,
+    }
+    assert res["speculation"] == figures
+    [(at_us, url, key, payload)] = generate.calls
+    assert url == "http://127.0.0.1:18001/generate" and key == SECRET
+    assert payload == speculation_utils.probe_request(2048, 64)
+    # After the stability window (timings are rounded to the millisecond).
+    assert at_us >= res["baseline"]["request_us"] + (res["timings"]["stable"] - 0.001) * 1e6
+    entry = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])
+    assert entry["speculation"] == figures and res["recorded"]
+    assert (
+        json.loads((tmp_path / "known-good" / "meta.json").read_text())["invocation_id"]
+        == res["invocation_id"]
+    )
+
+
+def test_an_acceptance_under_the_minimum_fails_the_call_and_records_nothing(monkeypatch, tmp_path):
+    spec = _record_spec(tmp_path)
+    res, _replay, _generate = run_speculation(
+        monkeypatch, tmp_path, {"window": 2048, "min_accept_length": 2.5}, {"verify_ct": 43}, record=spec
+    )
+    assert res["failed"] and res["recorded"] is False
+    assert "and was stable for 1" in res["msg"]
+    assert res["msg"].endswith(
+        "But its speculative decoding acceptance length 1.488 (completion_tokens 64 / spec_verify_ct 43) is "
+        "under sglang_min_accept_length 2.5"
+    )
+    assert res["speculation"]["accept_length"] == 1.488
+    assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / "known-good").exists()
+    assert (tmp_path / "pending.json").exists()
+
+
+@pytest.mark.parametrize("minimum", [None, 2.5])
+def test_a_probe_without_an_answer_is_reported_and_fails_only_with_a_minimum(monkeypatch, tmp_path, minimum):
+    spec = _record_spec(tmp_path)
+    res, _replay, _generate = run_speculation(
+        monkeypatch, tmp_path, {"window": 2048, "min_accept_length": minimum}, {"answer": None}, record=spec
+    )
+    error = "POST http://127.0.0.1:18001/generate failed: [Errno 111] Connection refused"
+    assert res["speculation"] == {"error": error}
+    if minimum is None:
+        assert not res.get("failed") and res["recorded"], res["msg"]
+        assert json.loads((tmp_path / "history.jsonl").read_text())["speculation"] == {"error": error}
+        assert any(error in w for w in warnings(res))
+    else:
+        assert res["failed"] and res["recorded"] is False
+        assert "no acceptance length (sglang_min_accept_length 2.5)" in res["msg"]
+        assert not (tmp_path / "history.jsonl").exists() and not (tmp_path / "known-good").exists()
+
+
+def warnings(result):
+    """The texts of the module's warnings (ansible-core returns each as a summary of its event)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+
+
+def test_a_window_over_the_drafters_sliding_window_warns_naming_file_and_field(monkeypatch, tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_bytes((SPEC_FIX / "draft-config.json").read_bytes())
+    res, _replay, _generate = run_speculation(
+        monkeypatch, tmp_path, {"window": 4096, "draft_path": str(draft)}
+    )
+    assert not res.get("failed"), res["msg"]
+    assert warnings(res) == [
+        "the draft window 4096 exceeds the sliding window the drafter was trained with: "
+        f"{draft / 'config.json'} sliding_window = 2048"
+    ]
+    res, _replay, _generate = run_speculation(
+        monkeypatch, tmp_path, {"window": 2048, "draft_path": str(draft)}
+    )
+    assert not res.get("failed") and warnings(res) == [], res["msg"]
+
+
+def test_a_probe_of_a_running_service_sends_no_speculation_request(monkeypatch, tmp_path):
+    replay = Replay(initial="healthy/show.txt")
+    generate = Generate(replay)
+    monkeypatch.setattr(speculation_utils, "post_json", generate)
+    args = {"unit": "vr-healthy", "port": 18001, "restart": False, "speculation": {"window": 2048}}
+    res = run(monkeypatch, replay, args, tree="healthy")
+    assert res["failed"] and res["msg"].startswith("speculation is only used with a restart")
+    assert generate.calls == [] and replay.commands == []
