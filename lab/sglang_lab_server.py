@@ -191,7 +191,7 @@ def spec_profile(d: dict, accept_length: float | None = None) -> dict:
 
 
 def env_accept_length() -> float | None:
-    """SGLANG_LAB_ACCEPT_LENGTH: the tokens per verify forward the server is told to reach (None: its model's)."""
+    """SGLANG_LAB_ACCEPT_LENGTH: the tokens per verify forward asked for (None: the model decides)."""
     length = env_float("SGLANG_LAB_ACCEPT_LENGTH", None)
     if length is not None and length < 1:
         raise LabConfigError(

@@ -178,11 +178,15 @@ options:
       min_accept_length:
         description: The acceptance length the invocation must reach (unset, record only). Must be > 0.
         type: float
+      algorithm:
+        description: The speculative algorithm the invocation runs (C(--speculative-algorithm)).
+        type: str
       draft_path:
         description:
-          - The drafter's directory, given for a DFLASH drafter only. When O(speculation.window) exceeds the
-            sliding window in its C(config.json) (C(text_config.sliding_window), else C(sliding_window), as
-            SGLang reads it), the call warns naming the file and the field.
+          - The drafter's directory. With a DFLASH-based O(speculation.algorithm) (DFLASH, DDTREE), when
+            O(speculation.window) exceeds the sliding window in its C(config.json)
+            (C(text_config.sliding_window), else C(sliding_window), as SGLang reads it), the call warns naming
+            the file and the field.
         type: path
       new_tokens:
         description: New tokens the probe asks for.
@@ -316,6 +320,7 @@ speculation:
     - The speculation probe's figures, C(accept_length) (C(completion_tokens / spec_verify_ct), 1.0 when
       nothing was verified), C(completion_tokens), C(spec_verify_ct), C(new_tokens) and C(stand_in) (true
       when the lab's stand-in server made them); or C(error), the reason the probe got no usable answer.
+      C(window_warning) when the draft window exceeds the drafter's trained sliding window.
   returned: with O(speculation), once the restarted invocation is verified
   type: dict
   sample: {accept_length: 4.0, completion_tokens: 64, spec_verify_ct: 16, new_tokens: 64, stand_in: false}
@@ -333,6 +338,7 @@ from ansible.module_utils import sglang_verifier as verifier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_history import KNOWN_GOOD_OPTIONS, TEXTFILE_OPTIONS, NotRecorded
 from ansible.module_utils.sglang_history import write as write_history
+from ansible.module_utils.sglang_options import DFLASH_BASED
 from ansible.module_utils.sglang_proof import probe_baseline, run_and_assert, unit_name, unit_problems
 from ansible.module_utils.sglang_running_args import RUNNING_ARGS_SUBOPTIONS
 from ansible.module_utils.sglang_speculation import ProbeError, below_minimum, measure, window_warning
@@ -373,6 +379,7 @@ ARGUMENT_SPEC = dict(
     speculation=dict(
         type="dict",
         options=dict(
+            algorithm=dict(type="str"),
             window=dict(type="int"),
             min_accept_length=dict(type="float"),
             draft_path=dict(type="path"),
@@ -415,11 +422,11 @@ def checked_params(module):
 
 
 def probe_speculation(module, params, result):
-    """The speculation probe of the verified invocation, into ``result['speculation']``; the drafter's
-    sliding-window warning; under the minimum (or no usable answer with a minimum) the call fails, nothing
-    recorded."""
-    spec = params["speculation"]
-    if spec["draft_path"]:
+    """The speculation probe of the verified invocation, into ``result['speculation']`` (with the drafter's
+    sliding-window warning, also a module warning); under the minimum (or no usable answer with a minimum) the
+    call fails, nothing recorded."""
+    spec, warning = params["speculation"], None
+    if spec["draft_path"] and str(spec["algorithm"] or "").upper() in DFLASH_BASED:
         warning = window_warning(spec["draft_path"], spec["window"])
         if warning:
             module.warn(warning)
@@ -429,19 +436,22 @@ def probe_speculation(module, params, result):
             params["host"], params["port"], params["api_key"], spec["window"], spec["new_tokens"]
         )
     except ProbeError as exc:
-        result["speculation"] = {"error": str(exc)}
+        figures = {"error": str(exc)}
+    if warning:
+        figures["window_warning"] = warning
+    result["speculation"] = figures
+    if "error" in figures:
         if minimum:
             module.fail_json(
                 **dict(
                     result,
                     recorded=False,
                     msg=f"{result['msg']} But the speculation probe got no acceptance length "
-                    f"(sglang_min_accept_length {minimum}): {exc}",
+                    f"(sglang_min_accept_length {minimum}): {figures['error']}",
                 )
             )
-        module.warn(f"the speculation probe got no acceptance length: {exc}")
+        module.warn(f"the speculation probe got no acceptance length: {figures['error']}")
         return
-    result["speculation"] = figures
     failure = below_minimum(figures, minimum)
     if failure:
         module.fail_json(**dict(result, recorded=False, msg=f"{result['msg']} But its {failure}"))
