@@ -122,6 +122,9 @@ def check_types(s, int_settings, string_settings):
         errors.append(
             f"sglang_mem_fraction_static={shown(frac, 40)}: must be a number with 0 < x < 1, or null"
         )
+    minimum = s["sglang_min_accept_length"]
+    if not (minimum is None or (is_number(minimum) and minimum > 0)):
+        errors.append(f"sglang_min_accept_length={shown(minimum, 40)}: must be a number > 0, or null")
     for name in string_settings:
         value = s.get(name)
         if not (value is None or (isinstance(value, str) and not has_control(value))):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.module_utils import sglang_speculation as speculation_utils
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 from conftest import REPO
@@ -274,3 +275,33 @@ def test_the_plugin_prints_the_lines_the_template_lookup_printed_ddtree(monkeypa
     assert lines == render_by_lookup(case)
     assert any(line.startswith("warning: ") for line in lines)
     assert "Environment of the running process (/proc/949/environ):" in lines
+
+
+def test_the_acceptance_length_of_the_restart_is_shown_labelled_when_the_lab_stand_in_made_it(dflash):
+    """The verified restart's speculation probe (sglang_verified_restart, P24) on the lab server's recorded
+    /generate answer (tests/fixtures/speculation/): the figure, how it was computed, and that the lab's
+    stand-in made it; a probe without an answer says why; no restart, no line."""
+    answer = json.loads(
+        (REPO / "tests" / "fixtures" / "speculation" / "generate-dflash-2048.json").read_text()
+    )
+    figures = dict(speculation_utils.acceptance(answer["meta_info"]), new_tokens=64)
+    lines = render(dict(verified(dflash, EXPECTED_2048), speculation=figures))
+    assert lines[-2] == (
+        "Speculative decoding acceptance length 4.0 (completion_tokens 64 / spec_verify_ct 16, one /generate "
+        "after the proof): the lab stand-in server's figure, not a model's"
+    )
+    real = dict(figures, stand_in=False, window_warning="the draft window 4096 exceeds ...")
+    lines = render(dict(verified(dflash, EXPECTED_2048), speculation=real))
+    assert lines[-3:-1] == [
+        "Speculative decoding acceptance length 4.0 (completion_tokens 64 / spec_verify_ct 16, one /generate "
+        "after the proof)",
+        "warning: the draft window 4096 exceeds ...",
+    ]
+    lines = render(dict(verified(dflash, EXPECTED_2048), speculation={"error": "POST ... refused"}))
+    assert (
+        lines[-2]
+        == "Speculative decoding: no acceptance length (the /generate after the proof): POST ... refused"
+    )
+    for none in (None, {}):
+        lines = render(dict(verified(dflash, EXPECTED_2048, restarted=False), speculation=none))
+        assert not any("acceptance length" in line for line in lines)

@@ -80,6 +80,8 @@ def test_the_role_defaults_pass(settings):
             1.0,
             "sglang_mem_fraction_static=1.0: must be a number with 0 < x < 1, or null",
         ),
+        ("sglang_min_accept_length", 0, "sglang_min_accept_length=0: must be a number > 0, or null"),
+        ("sglang_min_accept_length", "2.5", 'sglang_min_accept_length="2.5": must be a number > 0, or null'),
         ("sglang_served_model_name", "a\nb", "sglang_served_model_name: must be a string without newline"),
         (
             "sglang_host",
