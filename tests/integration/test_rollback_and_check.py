@@ -247,3 +247,45 @@ def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, aw
     assert "changed=0" in recap(r.stdout)
     assert SENTINEL not in r.stdout + r.stderr
     assert lab_host.state() == after
+
+
+def test_acceptance_length_is_recorded_and_under_the_minimum_the_deploy_rolls_back(lab_host, awkward_secret):
+    """P24: the verified restart measures speculative decoding's acceptance length (one /generate after the
+    proof); the deploy's history record and its report carry it, labelled as the lab stand-in's. With
+    sglang_min_accept_length above what the server gives (SGLANG_LAB_ACCEPT_LENGTH=1.5: 64 tokens in 43
+    verify forwards), the deploy records nothing as known-good, rolls back and fails naming the figure."""
+    deployed = awkward_secret["after"].invocation_id
+    [record] = [h for h in lab_host.history() if h["invocation_id"] == deployed and h["result"] == "verified"]
+    spec = record["speculation"]
+    assert spec["stand_in"] is True and spec["completion_tokens"] == 64 and spec["spec_verify_ct"] > 0
+    assert spec["accept_length"] == round(64 / spec["spec_verify_ct"], 3) > 1.5
+    assert (
+        f"Speculative decoding acceptance length {spec['accept_length']} (completion_tokens 64 / "
+        f"spec_verify_ct {spec['spec_verify_ct']}, one /generate after the proof): the lab stand-in "
+        "server's figure"
+    ) in flat(awkward_secret["deploy"])
+    good, known = lab_host.state(), len(lab_host.history())
+    low = dict(
+        awkward_secret["extra"],
+        sglang_environment={"SGLANG_LAB_ACCEPT_LENGTH": "1.5"},
+        sglang_min_accept_length=2.5,
+    )
+    r = lab_host.playbook("-e", "window=2048", extra=low)
+    text = flat(r)
+    assert r.returncode != 0, "an acceptance length under the minimum must fail the run"
+    assert SENTINEL not in r.stdout + r.stderr
+    assert (
+        "But its speculative decoding acceptance length 1.488 (completion_tokens 64 / spec_verify_ct 43) is "
+        "under sglang_min_accept_length 2.5"
+    ) in text
+    assert "ROLLED BACK to the known-good configuration" in text
+    after = lab_host.state()
+    assert after.active_state == "active" and after.invocation_id != good.invocation_id
+    assert (after.unit_sha256, after.env_sha256) == (good.unit_sha256, good.env_sha256)
+    new = lab_host.history()[known:]
+    assert new[-1]["result"] == "rolled_back" and new[-1]["invocation_id"] == after.invocation_id
+    # Nothing of the low invocation was recorded as verified or kept as known-good.
+    assert "verified" not in [h["result"] for h in new], new
+    assert "SGLANG_LAB_ACCEPT_LENGTH" not in lab_host.read_bytes("/etc/sglang/sglang.env").decode()
+    meta = json.loads(lab_host.read_bytes("/var/lib/sglang-deploy/known-good/sglang.json"))
+    assert meta["env_sha256"] == good.env_sha256
