@@ -16,7 +16,9 @@ Order (one module, tests depend on the module fixtures, run top to bottom):
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -259,11 +261,14 @@ def test_acceptance_length_is_recorded_and_under_the_minimum_the_deploy_rolls_ba
     spec = record["speculation"]
     assert spec["stand_in"] is True and spec["completion_tokens"] == 64 and spec["spec_verify_ct"] > 0
     assert spec["accept_length"] == round(64 / spec["spec_verify_ct"], 3) > 1.5
+    printed = flat(awkward_secret["deploy"])
     assert (
         f"Speculative decoding acceptance length {spec['accept_length']} (completion_tokens 64 / "
-        f"spec_verify_ct {spec['spec_verify_ct']}, one /generate after the proof): the lab stand-in "
-        "server's figure"
-    ) in flat(awkward_secret["deploy"])
+        f"spec_verify_ct {spec['spec_verify_ct']}, one /generate after the proof): measured on the lab "
+        "stand-in server, not a model"
+    ) in printed
+    report = re.search(r"Full report \(the whole /server_info and the assertion\): (\S+\.json)", printed)
+    assert json.loads(Path(report.group(1)).read_text())["speculation"] == spec
     good, known = lab_host.state(), len(lab_host.history())
     low = dict(
         awkward_secret["extra"],

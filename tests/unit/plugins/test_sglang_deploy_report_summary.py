@@ -288,7 +288,7 @@ def test_the_acceptance_length_of_the_restart_is_shown_labelled_when_the_lab_sta
     lines = render(dict(verified(dflash, EXPECTED_2048), speculation=figures))
     assert lines[-2] == (
         "Speculative decoding acceptance length 4.0 (completion_tokens 64 / spec_verify_ct 16, one /generate "
-        "after the proof): the lab stand-in server's figure, not a model's"
+        "after the proof): measured on the lab stand-in server, not a model"
     )
     real = dict(figures, stand_in=False, window_warning="the draft window 4096 exceeds ...")
     lines = render(dict(verified(dflash, EXPECTED_2048), speculation=real))

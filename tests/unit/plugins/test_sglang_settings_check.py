@@ -80,8 +80,6 @@ def test_the_role_defaults_pass(settings):
             1.0,
             "sglang_mem_fraction_static=1.0: must be a number with 0 < x < 1, or null",
         ),
-        ("sglang_min_accept_length", 0, "sglang_min_accept_length=0: must be a number > 0, or null"),
-        ("sglang_min_accept_length", "2.5", 'sglang_min_accept_length="2.5": must be a number > 0, or null'),
         ("sglang_served_model_name", "a\nb", "sglang_served_model_name: must be a string without newline"),
         (
             "sglang_host",
@@ -140,6 +138,8 @@ def test_the_role_defaults_pass(settings):
             "/var/lib/node_exporter/sglang.txt",
             'sglang_metrics_textfile="/var/lib/node_exporter/sglang.txt": must be an absolute path ending',
         ),
+        ("sglang_min_accept_length", 0, "sglang_min_accept_length=0: must be a number > 0, or null"),
+        ("sglang_min_accept_length", "2.5", 'sglang_min_accept_length="2.5": must be a number > 0, or null'),
     ],
 )
 def test_one_broken_rule_names_its_setting(settings, name, value, expected):
