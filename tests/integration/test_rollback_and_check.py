@@ -252,7 +252,7 @@ def test_crash_after_start_rolls_back_to_the_verified_configuration(lab_host, aw
 
 
 def test_acceptance_length_is_recorded_and_under_the_minimum_the_deploy_rolls_back(lab_host, awkward_secret):
-    """P24: the verified restart measures speculative decoding's acceptance length (one /generate after the
+    """P25: the verified restart measures speculative decoding's acceptance length (one /generate after the
     proof); the deploy's history record and its report carry it, labelled as the lab stand-in's. With
     sglang_min_accept_length above what the server gives (SGLANG_LAB_ACCEPT_LENGTH=1.5: 64 tokens in 43
     verify forwards), the deploy records nothing as known-good, rolls back and fails naming the figure."""

@@ -590,7 +590,7 @@ def test_a_verified_rollback_makes_its_invocation_the_last_verified_one(monkeypa
     assert json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])["result"] == "rolled_back"
 
 
-# ------------------------------------------------------------------------ speculation takes effect (P24)
+# ------------------------------------------------------------------------ speculation takes effect (P25)
 SPEC_FIX = FIXTURES / "speculation"
 
 

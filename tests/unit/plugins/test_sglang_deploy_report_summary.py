@@ -278,7 +278,7 @@ def test_the_plugin_prints_the_lines_the_template_lookup_printed_ddtree(monkeypa
 
 
 def test_the_acceptance_length_of_the_restart_is_shown_labelled_when_the_lab_stand_in_made_it(dflash):
-    """The verified restart's speculation probe (sglang_verified_restart, P24) on the lab server's recorded
+    """The verified restart's speculation probe (sglang_verified_restart, P25) on the lab server's recorded
     /generate answer (tests/fixtures/speculation/): the figure, how it was computed, and that the lab's
     stand-in made it; a probe without an answer says why; no restart, no line."""
     answer = json.loads(
