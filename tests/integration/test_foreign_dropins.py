@@ -18,6 +18,7 @@ import importlib.util
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +82,9 @@ def drift_findings(lab_host, tmp_path):
         "--check", "-e", f"gitops_report_dir={tmp_path}", extra=plan, playbook="playbooks/drift.yml"
     )
     assert r.returncode == 0, r.stdout[-4000:]
+    # gitops.py imports its sibling modules (names.py) as the tools run it: from its own directory.
+    if str(REPO / "tools" / "gitops") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools" / "gitops"))
     spec = importlib.util.spec_from_file_location("gitops", REPO / "tools" / "gitops" / "gitops.py")
     gitops = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gitops)
@@ -143,14 +147,14 @@ def test_a_flag_the_role_did_not_render_in_the_running_process_fails_naming_it(l
     unit = lab_host.read_bytes(UNIT_PATH).decode()
     execstart = re.search(r"^ExecStart=(?:.*\\\n)*.*$", unit, re.MULTILINE).group(0)
     try:
-        write_dropin(lab_host, f'[Service]\nExecStart=\n{execstart} "--enable-metrics"\n')
+        write_dropin(lab_host, f'[Service]\nExecStart=\n{execstart} "--enable-cache-report"\n')
         lab_host.ssh("systemctl restart sglang.service")
         lab_host.ssh(f"rm -rf {DROPIN_DIR} && systemctl daemon-reload")
         running = lab_host.state()
-        assert "--enable-metrics" in lab_host.cmdline(running.main_pid)
+        assert "--enable-cache-report" in lab_host.cmdline(running.main_pid)
         r = deploy(lab_host)
         assert r.returncode != 0, r.stdout[-4000:]
-        assert "--enable-metrics: a flag the role did not render is in /proc/" in flat(r)
+        assert "--enable-cache-report: a flag the role did not render is in /proc/" in flat(r)
         assert lab_host.state().invocation_id == running.invocation_id
     finally:
         cleanup(lab_host)

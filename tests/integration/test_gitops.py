@@ -312,9 +312,17 @@ def test_plan_shows_the_change_and_changes_nothing(host, clone, tmp_path):
     assert "speculative_draft_window_size: 2048 -> 4096" in md
     entry = summary["hosts"][host.name]
     assert entry["restart"] is True and "the unit changed" in entry["restart_reasons"]
-    assert entry["running_args_diff"] == [
-        {"key": "speculative_draft_window_size", "running": 2048, "intended": 4096, "source": "server_info"}
-    ]
+    # The window, and so the configuration's hash on every metric (P24).
+    diff = {item["key"]: item for item in entry["running_args_diff"]}
+    assert sorted(diff) == ["extra_metric_labels", "speculative_draft_window_size"], diff
+    assert diff["speculative_draft_window_size"] == {
+        "key": "speculative_draft_window_size",
+        "running": 2048,
+        "intended": 4096,
+        "source": "server_info",
+    }
+    labels = diff["extra_metric_labels"]
+    assert labels["intended"]["config_hash"] != labels["running"]["config_hash"], labels
     assert (
         '-    "--speculative-draft-window-size" "2048"' in md
         and '+    "--speculative-draft-window-size" "4096"' in md

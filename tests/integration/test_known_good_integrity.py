@@ -88,8 +88,11 @@ def test_file_changed_during_the_stability_window_is_not_recorded(lab_host):
         ), failure
         assert "NOTHING was recorded as known-good" in text, failure
         assert "/etc/systemd/system/sglang.service (sha256" not in text, failure
-        # Nothing became known-good; no verified record; the rollback restored the known-good set.
-        assert lab_host.read_bytes(KNOWN_GOOD_META) == meta_before
+        # Nothing became known-good; no verified record; the rollback restored the known-good set, whose
+        # metadata now names the rollback's verified invocation (what drift compares with, P17) and only that.
+        meta_after = json.loads(lab_host.read_bytes(KNOWN_GOOD_META))
+        assert meta_after.pop("invocation_id") == lab_host.state().invocation_id
+        assert meta_after == {k: v for k, v in json.loads(meta_before).items() if k != "invocation_id"}
         assert lab_host.read_bytes(KNOWN_GOOD_ENV) == env_copy_before
         records = lab_host.history()[history_before:]
         assert [rec["result"] for rec in records] == ["rolled_back"], records

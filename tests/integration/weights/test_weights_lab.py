@@ -27,7 +27,7 @@ import yaml
 from labtools import missing_lab_prerequisite
 
 REPO = Path(__file__).resolve().parents[3]
-PLAYBOOK = REPO / "tests" / "weights" / "weights.yml"
+PLAYBOOK = Path(__file__).resolve().parent / "weights.yml"
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 LABCTL = REPO / "lab" / "labctl"
 TARGET = "/srv/models/lab-target"
