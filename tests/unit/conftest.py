@@ -106,6 +106,15 @@ def run_module():
 
 
 @pytest.fixture
+def fake_python(tmp_path):
+    """An executable standing for the SGLang venv's python where run_command is patched (exits 99)."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\nexit 99\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
 def fixture_path():
     """``fixture_path('journal', 'inv-2.json') -> Path`` under tests/fixtures."""
 

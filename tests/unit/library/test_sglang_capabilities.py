@@ -29,14 +29,6 @@ def dump_stdout():
 
 
 @pytest.fixture
-def fake_python(tmp_path):
-    path = tmp_path / "python"
-    path.write_text("#!/bin/sh\nexit 99\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-@pytest.fixture
 def calls(monkeypatch):
     class Calls(list):
         pass

@@ -39,14 +39,6 @@ def recorded(name):
 
 
 @pytest.fixture
-def fake_python(tmp_path):
-    path = tmp_path / "python"
-    path.write_text("#!/bin/sh\nexit 99\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-@pytest.fixture
 def replay(monkeypatch):
     """Patch run_command to answer with a recorded run; returns the list of calls made."""
 
