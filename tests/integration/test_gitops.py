@@ -260,6 +260,12 @@ def apply(repo, inventory, ref, out, lock_dir=None, check=False):
     return run(argv, cwd=repo, check=check, env=tool_env())
 
 
+def drift(clone, out):
+    """tools/gitops/drift of the clone's head against the host (exit status checked by the caller)."""
+    argv = [TOOLS / "drift", "--repo", clone["repo"], "--inventory", clone["inventory"]]
+    return run([*argv, "--ref", clone["head"], "--out", out], cwd=clone["repo"], check=False, env=tool_env())
+
+
 def no_secret(*texts: str) -> None:
     for text in texts:
         for secret in (SECRET_A, SECRET_B):
@@ -423,22 +429,7 @@ def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
     assert host.server_info(SECRET_B)["speculative_draft_window_size"] == 4096
     no_secret(r.stdout, r.stderr, (tmp_path / "out" / "apply-ansible.log").read_text())
     # In sync with git right after the apply: drift exits 0 and the host is untouched.
-    d = run(
-        [
-            TOOLS / "drift",
-            "--repo",
-            clone["repo"],
-            "--inventory",
-            clone["inventory"],
-            "--ref",
-            clone["head"],
-            "--out",
-            tmp_path / "drift",
-        ],
-        cwd=clone["repo"],
-        check=False,
-        env=tool_env(),
-    )
+    d = drift(clone, tmp_path / "drift")
     assert d.returncode == 0, f"drift right after apply:\n{d.stdout}\n{d.stderr}"
     assert json.loads((tmp_path / "drift" / "drift.json").read_text())["status"] == "no_change"
     assert host.state() == after
@@ -456,22 +447,7 @@ def test_drift_reports_a_restart_by_hand_with_the_same_arguments(host, clone, tm
     running = host.state()["InvocationID"]
     started = host.ssh("systemctl show -P ExecMainStartTimestamp sglang.service").stdout.strip()
     assert running != verified
-    d = run(
-        [
-            TOOLS / "drift",
-            "--repo",
-            clone["repo"],
-            "--inventory",
-            clone["inventory"],
-            "--ref",
-            clone["head"],
-            "--out",
-            tmp_path / "drift",
-        ],
-        cwd=clone["repo"],
-        check=False,
-        env=tool_env(),
-    )
+    d = drift(clone, tmp_path / "drift")
     assert d.returncode == 2, f"drift should exit 2:\n{d.stdout}\n{d.stderr}"
     summary = json.loads((tmp_path / "drift" / "drift.json").read_text())
     (finding,) = summary["hosts"][host.name]["drift"]
@@ -492,22 +468,7 @@ def test_drift_reports_a_hand_edited_unit(host, clone, tmp_path):
         f" {UNIT_PATH} && systemctl daemon-reload && systemctl restart sglang.service"
     )
     host.wait_healthy()
-    r = run(
-        [
-            TOOLS / "drift",
-            "--repo",
-            clone["repo"],
-            "--inventory",
-            clone["inventory"],
-            "--ref",
-            clone["head"],
-            "--out",
-            tmp_path,
-        ],
-        cwd=clone["repo"],
-        check=False,
-        env=tool_env(),
-    )
+    r = drift(clone, tmp_path)
     assert r.returncode == 2, f"drift should exit 2:\n{r.stdout}\n{r.stderr}"
     md = (tmp_path / "drift.md").read_text()
     summary = json.loads((tmp_path / "drift.json").read_text())
