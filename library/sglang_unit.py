@@ -75,6 +75,14 @@ options:
     description: Who is deploying (controller, user, run), copied into the marker as C(by).
     type: dict
     default: {}
+  expect_changed:
+    description:
+      - Which files the caller's decision expects to change (C(unit), C(env), C(config), each true or false;
+        other keys are ignored), from what it read earlier in the run. A file that differs from its content
+        here although the decision expected it unchanged was changed on disk since (by hand?), and the call
+        fails naming it and writes nothing. The next run decides again from what is on disk.
+      - Omitted, every file that differs is written.
+    type: dict
   lock:
     description:
       - The deploy lock this run holds (C(sglang_lock)). Before the pending marker, the files, the
@@ -268,6 +276,7 @@ def main():
             previous_dir=dict(type="path", required=True),
             pending_path=dict(type="path"),
             pending_by=dict(type="dict", default={}),
+            expect_changed=dict(type="dict"),
             lock=dict(
                 type="dict",
                 options=dict(
@@ -332,6 +341,20 @@ def main():
     result["pending_marker"] = None
     if module.check_mode:
         module.exit_json(status=before, **result)
+
+    # A file the decision saw current but that differs now was changed after the run read it: nothing
+    # is written on a view that is out of date.
+    expected = p["expect_changed"]
+    unexpected = [key for key in changed_files if expected is not None and not expected.get(key)]
+    if unexpected:
+        module.fail_json(
+            msg=f"{', '.join(files[key][0] for key in unexpected)} of {name} changed on disk after this run "
+            "read it (by hand?); nothing was written. The next run decides again from what is on disk.",
+            unit_changed=False,
+            env_changed=False,
+            config_changed=False,
+            lock_renewed=False,
+        )
 
     # A run whose lock was taken over writes nothing: checked (and renewed for the restart) first.
     if p["lock"]:

@@ -257,7 +257,8 @@ def test_acceptance_length_is_recorded_and_under_the_minimum_the_deploy_rolls_ba
     sglang_min_accept_length above what the server gives (SGLANG_LAB_ACCEPT_LENGTH=1.5: 64 tokens in 43
     verify forwards), the deploy records nothing as known-good, rolls back and fails naming the figure."""
     deployed = awkward_secret["after"].invocation_id
-    [record] = [h for h in lab_host.history() if h.get("invocation_id") == deployed and h["result"] == "verified"]
+    history = lab_host.history()
+    [record] = [h for h in history if h.get("invocation_id") == deployed and h["result"] == "verified"]
     spec = record["speculation"]
     assert spec["stand_in"] is True and spec["completion_tokens"] == 64 and spec["spec_verify_ct"] > 0
     assert spec["accept_length"] == round(64 / spec["spec_verify_ct"], 3) > 1.5

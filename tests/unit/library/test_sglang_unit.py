@@ -146,6 +146,35 @@ def test_env_only_change_does_not_reload_systemd(run_module, host):
     assert actions(host) == []
 
 
+def test_a_file_changed_since_the_decision_read_it_fails_and_nothing_is_written(run_module, host):
+    """expect_changed (the decision's files): the unit is to change, but the env file differs although the
+    decision saw it current (edited by hand meanwhile): the call fails naming it, no marker, no file, no
+    daemon-reload. What the decision expected alone goes through."""
+    host["show"] = ["unit-show-enabled.txt"]
+    run_module("sglang_unit", host["args"])
+    host["calls"].clear()
+    Path(host["args"]["env_path"]).write_text(ENV + "EDITED_BY_HAND=1\n")
+    marker = host["tmp"] / "state" / "sglang.pending.json"
+    expect = {"unit": True, "env": False, "config": False, "current": False, "verified": False}
+    args = dict(
+        host["args"], unit_content=UNIT.format(window=4096), pending_path=str(marker), expect_changed=expect
+    )
+    result, failed = run_module("sglang_unit", args)
+    assert failed, result
+    assert result["msg"] == (
+        f"{args['env_path']} of sglang.service changed on disk after this run read it (by hand?); nothing "
+        "was written. The next run decides again from what is on disk."
+    )
+    assert not (result["unit_changed"] or result["env_changed"]) and not marker.exists()
+    assert '"2048"' in Path(args["unit_path"]).read_text()
+    assert "EDITED_BY_HAND" in Path(args["env_path"]).read_text()
+    assert [c[0] for c in actions(host)] == ["systemd-analyze"], actions(host)
+    # The decision expected both: written.
+    result, failed = run_module("sglang_unit", dict(args, expect_changed=dict(expect, env=True)))
+    assert not failed and result["unit_changed"] and result["env_changed"], result
+    assert Path(args["env_path"]).read_text() == ENV
+
+
 def test_a_unit_systemd_refuses_leaves_the_host_as_it_was(run_module, host):
     host["show"] = ["unit-show-enabled.txt"]
     run_module("sglang_unit", host["args"])
