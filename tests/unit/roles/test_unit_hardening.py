@@ -40,6 +40,15 @@ THRESHOLDS = [
         "ProtectClock: its implied DeviceAllow=char-rtc would close every other device (DevicePolicy=auto)",
     ),
     ("deploy-heal", "gpu", SGLANG + "sglang-deploy-heal.service.j2", "sglang-deploy-heal.service", 2.0, None),
+    ("deploy-watch", "gpu", SGLANG + "sglang-deploy-watch.service.j2", "sglang-deploy-watch.service", 2.0, None),
+    (
+        "deploy-watch-revert",
+        "gpu-revert",
+        SGLANG + "sglang-deploy-watch.service.j2",
+        "sglang-deploy-watch.service",
+        2.0,
+        None,
+    ),
     (
         "plan-probe",
         "gpu",
@@ -80,6 +89,7 @@ THRESHOLDS = [
 # Units that start no process of their own, with the service each starts (rated above).
 TRIGGERS = [
     (SGLANG + "sglang-plan-probe.socket.j2", "plan-probe"),
+    (SGLANG + "sglang-deploy-watch.timer.j2", "deploy-watch"),
     ("roles/sglang_pull/templates/etc/systemd/system/sglang-pull.timer.j2", "pull"),
 ]
 
@@ -90,6 +100,8 @@ HOSTS = {
     "gpu-loopback": {},
     # A CPU lab host: no device policy lines.
     "cpu": {"sglang_gpu_devices": False},
+    # The watch with its opt-in revert: it writes the unit and the configuration.
+    "gpu-revert": {"sglang_watch_revert": True},
 }
 STAND_INS = {
     # sglang_argv's result and the probe's release, as tests/unit/roles/test_sglang_environment.py stands in
