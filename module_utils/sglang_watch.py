@@ -42,7 +42,7 @@ def as_int(value, default=0):
 
 
 def parse_utc(text):
-    """Seconds since the epoch of a history/journal time (``2026-12-07T10:47:13[.ffffff]Z``); None if not one."""
+    """Seconds since the epoch of a history/journal time (``2026-12-07T10:47:13[.ffffff]Z``), else None."""
     if not text:
         return None
     text = str(text).rstrip("Z")
@@ -79,15 +79,17 @@ def is_crash(end):
     """Whether an invocation's end (sglang_journal.invocation_end) was its main process dying, not a job."""
     if not end:
         return False
-    if end.get("code") in ("killed", "dumped") or (end.get("code") == "exited" and str(end.get("status")) != "0"):
+    if end.get("code") in ("killed", "dumped") or (
+        end.get("code") == "exited" and str(end.get("status")) != "0"
+    ):
         return True
     return end.get("result") not in (None, "success") or end.get("restart_counter") is not None
 
 
 def crashes_since(records, since_invocation, n_restarts, now, window_s):
-    """Crashes of the verified configuration within ``window_s`` seconds of ``now``: each crash record counts the
-    restarts systemd made since the watch's previous record of the same verified deploy (NRestarts counts
-    from the job that started the unit; a tick can see several)."""
+    """(crashes the history records within ``window_s`` seconds of ``now``, crashes new since the watch's last
+    record of the same verified deploy): NRestarts counts from the job that started the unit, and one tick can
+    see several."""
     total, previous = 0, None
     for rec in records:
         if rec.get("watch") is None or norm_id(rec.get("verified_invocation_id")) != since_invocation:
@@ -114,8 +116,15 @@ def decide(found, settings):
     Returns ``{"action": "idle"|"record"|"revert", "result", "why", "invocation_id", "ended_invocation_id",
     "crashes", "crashes_in_window"}``; ``idle`` writes nothing."""
     unit = found.get("unit") or "sglang.service"
-    out = dict(action="idle", result=None, why="", invocation_id="", ended_invocation_id="", crashes=0,
-               crashes_in_window=0)
+    out = dict(
+        action="idle",
+        result=None,
+        why="",
+        invocation_id="",
+        ended_invocation_id="",
+        crashes=0,
+        crashes_in_window=0,
+    )
     if found.get("lock_held"):
         return dict(out, why="a deploy holds the host lock: it verifies or rolls back itself")
     kg = found.get("known_good")
@@ -144,7 +153,11 @@ def decide(found, settings):
     if result != CRASHED:
         return out
     total, crashes = crashes_since(
-        records, verified, as_int(props.get("NRestarts")), found.get("now", 0), settings.get("revert_window", 0)
+        records,
+        verified,
+        as_int(props.get("NRestarts")),
+        found.get("now", 0),
+        settings.get("revert_window", 0),
     )
     crashes = max(crashes, 1)
     out.update(crashes=crashes, crashes_in_window=total + crashes)
@@ -154,7 +167,8 @@ def decide(found, settings):
         return dict(
             out,
             result=CRASH_LOOP,
-            why=f"{total + crashes} crashes within {settings.get('revert_window')} s, but the files on disk are "
+            why=f"{total + crashes} crashes within {settings.get('revert_window')} s, but the files on disk "
+            "are "
             "the known-good ones (the last verified deploy): nothing older is kept to revert to",
         )
     return dict(

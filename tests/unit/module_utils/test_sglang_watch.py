@@ -43,16 +43,28 @@ def verified(kg, at=NOW - 600):
 def crash(kg, running, at, crashes=1, n_restarts=1):
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(at))
     return {
-        "time": stamp, "unit": UNIT, "result": sw.CRASHED, "watch": {}, "invocation_id": running,
-        "verified_invocation_id": kg["invocation_id"], "crashes": crashes, "n_restarts": n_restarts,
+        "time": stamp,
+        "unit": UNIT,
+        "result": sw.CRASHED,
+        "watch": {},
+        "invocation_id": running,
+        "verified_invocation_id": kg["invocation_id"],
+        "crashes": crashes,
+        "n_restarts": n_restarts,
     }
 
 
 def found_for(case, **change):
     props, kg, end = recorded(case)
     found = {
-        "unit": UNIT, "lock_held": False, "props": props, "known_good": kg, "history": [verified(kg)],
-        "end": end, "files_known_good": True, "now": NOW,
+        "unit": UNIT,
+        "lock_held": False,
+        "props": props,
+        "known_good": kg,
+        "history": [verified(kg)],
+        "end": end,
+        "files_known_good": True,
+        "now": NOW,
     }
     return dict(found, **change)
 
@@ -98,7 +110,11 @@ CASES = [
         "crash-loop-of-files-not-known-good",
         "killed",
         {
-            "history": [verified(KILLED_KG), crash(KILLED_KG, "a" * 32, NOW - 100), crash(KILLED_KG, "b" * 32, NOW - 50)],
+            "history": [
+                verified(KILLED_KG),
+                crash(KILLED_KG, "a" * 32, NOW - 100),
+                crash(KILLED_KG, "b" * 32, NOW - 50),
+            ],
             "files_known_good": False,
         },
         ON,
@@ -108,7 +124,13 @@ CASES = [
     (
         "crash-loop-of-the-known-good-files",
         "killed",
-        {"history": [verified(KILLED_KG), crash(KILLED_KG, "a" * 32, NOW - 100), crash(KILLED_KG, "b" * 32, NOW - 50)]},
+        {
+            "history": [
+                verified(KILLED_KG),
+                crash(KILLED_KG, "a" * 32, NOW - 100),
+                crash(KILLED_KG, "b" * 32, NOW - 50),
+            ]
+        },
         ON,
         "record",
         sw.CRASH_LOOP,
@@ -117,7 +139,11 @@ CASES = [
         "crash-loop-without-the-opt-in",
         "killed",
         {
-            "history": [verified(KILLED_KG), crash(KILLED_KG, "a" * 32, NOW - 100), crash(KILLED_KG, "b" * 32, NOW - 50)],
+            "history": [
+                verified(KILLED_KG),
+                crash(KILLED_KG, "a" * 32, NOW - 100),
+                crash(KILLED_KG, "b" * 32, NOW - 50),
+            ],
             "files_known_good": False,
         },
         OFF,
@@ -128,7 +154,11 @@ CASES = [
         "crashes-outside-the-window",
         "killed",
         {
-            "history": [verified(KILLED_KG), crash(KILLED_KG, "a" * 32, NOW - 900), crash(KILLED_KG, "b" * 32, NOW - 700)],
+            "history": [
+                verified(KILLED_KG),
+                crash(KILLED_KG, "a" * 32, NOW - 900),
+                crash(KILLED_KG, "b" * 32, NOW - 700),
+            ],
             "files_known_good": False,
         },
         ON,
@@ -172,7 +202,10 @@ def test_only_xid_and_oom_lines_of_the_minutes_of_the_end_are_kept():
     _props, _kg, end = recorded("killed")
     lines = sw.kernel_lines(entries, sw.parse_utc(end["ended"]))
     assert [line.split(" ", 1)[1].split(":")[0] for line in lines] == [
-        "NVRM", "python invoked oom-killer", "Out of memory", "oom_reaper"
+        "NVRM",
+        "python invoked oom-killer",
+        "Out of memory",
+        "oom_reaper",
     ]
     assert "79, pid=1208, GPU has fallen off the bus" in lines[0]
     assert all(line[:4] == "2026" for line in lines)
@@ -195,23 +228,50 @@ def host(tmp_path):
     history.write_text(json.dumps(verified(kg, at=time.time() - 600)) + "\n")
     show = tmp_path / "show.txt"
     systemctl = tmp_path / "systemctl"
-    systemctl.write_text(f'#!/bin/sh\n[ "$1" = show ] && cat {show}\nexit 0\n')
+    systemctl.write_text(
+        f'#!/bin/sh\n[ "$1" = show ] && cat {show} || echo "$@" >> {tmp_path / "systemctl.log"}\nexit 0\n'
+    )
     journalctl = tmp_path / "journalctl"
     journalctl.write_text(
         "#!/bin/sh\n"
         f'echo "$@" >> {tmp_path / "journalctl.log"}\n'
         'case "$*" in *--sync*) exit 0;; *_TRANSPORT=kernel*) cat '
-        f'{FIXTURES / "watch" / "kernel.json"};; *) cat {RD / "killed" / "verified-journal.json"};; esac\n'
+        f"{FIXTURES / 'watch' / 'kernel.json'};; *) cat {RD / 'killed' / 'verified-journal.json'};; esac\n"
     )
     for tool in (systemctl, journalctl):
         tool.chmod(0o755)
     argv = [
-        sys.executable, str(WATCH), "--name", "sglang", "--unit-path", str(tmp_path / "sglang.service"),
-        "--env-path", str(tmp_path / "sglang.env"), "--known-good-dir", str(kg_dir), "--history", str(history),
-        "--lock", str(run / "sglang.lock"), "--hours", "24", "--systemctl", str(systemctl),
-        "--journalctl", str(journalctl), "--lib", str(REPO / "module_utils"),
+        sys.executable,
+        str(WATCH),
+        "--name",
+        "sglang",
+        "--unit-path",
+        str(tmp_path / "sglang.service"),
+        "--env-path",
+        str(tmp_path / "sglang.env"),
+        "--known-good-dir",
+        str(kg_dir),
+        "--history",
+        str(history),
+        "--lock",
+        str(run / "sglang.lock"),
+        "--hours",
+        "24",
+        "--systemctl",
+        str(systemctl),
+        "--journalctl",
+        str(journalctl),
+        "--lib",
+        str(REPO / "module_utils"),
     ]
-    return {"root": tmp_path, "argv": argv, "history": history, "show": show, "kg": kg, "lock": run / "sglang.lock"}
+    return {
+        "root": tmp_path,
+        "argv": argv,
+        "history": history,
+        "show": show,
+        "kg": kg,
+        "lock": run / "sglang.lock",
+    }
 
 
 def tick(host):
@@ -272,3 +332,44 @@ def test_the_watch_ends_sglang_watch_hours_after_the_verified_deploy(host):
     argv[argv.index("--hours") + 1] = "1"
     r = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert r.returncode == 0 and r.stdout == "" and host["history"].read_bytes() == data
+
+
+def test_a_crash_loop_of_edited_files_is_reverted_to_the_known_good_set_and_recorded(host):
+    """sglang_watch_revert: the third crash within the window, of a unit edited on the host since the verified
+    deploy, restores the known-good set (kept by module_utils/sglang_history.py, as the deploy's record keeps
+    it), reloads, restarts, and records reverted_by_watch once the new invocation stayed up."""
+    from ansible.module_utils import sglang_history
+
+    root, kg = host["root"], host["kg"]
+    unit, env = root / "sglang.service", root / "sglang.env"
+    unit.write_text("[Service]\nExecStart=/opt/sglang/bin/sglang serve --window 2048\n")
+    env.write_text("HF_HOME=/var/lib/sglang/.cache/huggingface\n")
+    kg_dir = root / "state" / "kept"
+    spec = {
+        "dir": str(kg_dir),
+        "files": {"unit": str(unit), "env": str(env)},
+        "meta_name": "sglang.json",
+        "meta": {"unit": UNIT, "invocation_id": kg["invocation_id"]},
+        "api_key": "",
+        "sha256": {},
+    }
+    sglang_history.keep_known_good(spec, write=True)
+    good = unit.read_bytes()
+    unit.write_text("[Service]\nExecStart=/opt/sglang/bin/sglang serve --window 9999\n")
+    now = time.time()
+    lines = [verified(kg, at=now - 300), crash(kg, "a" * 32, now - 100), crash(kg, "b" * 32, now - 50)]
+    host["history"].write_text("".join(json.dumps(r) + "\n" for r in lines))
+    # The last recorded invocation ("b"*32) ended: the killed recording's show, its new invocation running.
+    host["show"].write_text((RD / "killed" / "show.txt").read_text())
+    argv = list(host["argv"])
+    argv[argv.index("--known-good-dir") + 1] = str(kg_dir)
+    argv += ["--revert", "--revert-count", "3", "--revert-window", "600", "--stable-seconds", "2"]
+    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert unit.read_bytes() == good
+    rec = json.loads(host["history"].read_text().splitlines()[-1])
+    assert rec["result"] == "reverted_by_watch" and rec["crashes_in_window"] == 3, rec
+    assert rec["revert"]["restored"] == [str(unit)]
+    assert "reverted_by_watch" in r.stdout
+    calls = (root / "systemctl.log").read_text().splitlines()
+    assert calls == ["daemon-reload", f"reset-failed {UNIT}", f"restart --no-block {UNIT}"]

@@ -40,7 +40,14 @@ THRESHOLDS = [
         "ProtectClock: its implied DeviceAllow=char-rtc would close every other device (DevicePolicy=auto)",
     ),
     ("deploy-heal", "gpu", SGLANG + "sglang-deploy-heal.service.j2", "sglang-deploy-heal.service", 2.0, None),
-    ("deploy-watch", "gpu", SGLANG + "sglang-deploy-watch.service.j2", "sglang-deploy-watch.service", 2.0, None),
+    (
+        "deploy-watch",
+        "gpu",
+        SGLANG + "sglang-deploy-watch.service.j2",
+        "sglang-deploy-watch.service",
+        2.0,
+        None,
+    ),
     (
         "deploy-watch-revert",
         "gpu-revert",
