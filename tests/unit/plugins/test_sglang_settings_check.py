@@ -140,6 +140,9 @@ def test_the_role_defaults_pass(settings):
         ),
         ("sglang_min_accept_length", 0, "sglang_min_accept_length=0: must be a number > 0, or null"),
         ("sglang_min_accept_length", "2.5", 'sglang_min_accept_length="2.5": must be a number > 0, or null'),
+        ("sglang_watch_interval", 0, "sglang_watch_interval=0 (int): must be an integer from 1 to 86400"),
+        ("sglang_watch_hours", -1, "sglang_watch_hours=-1 (int): must be an integer from 0 to 8760"),
+        ("sglang_watch_revert_count", 0, "sglang_watch_revert_count=0 (int): must be an integer from 1 to"),
     ],
 )
 def test_one_broken_rule_names_its_setting(settings, name, value, expected):
