@@ -53,9 +53,15 @@ SGLANG_LAB_HANG=1 (never opens the port; a stuck shard-load line every 3 s),
 SGLANG_LAB_SPAWN_CHILD=1 (forks a "scheduler" child that outlives its parent, as under KillMode=process),
 SGLANG_LAB_PARSE_CACHE=0 (no parse cache), SGLANG_LAB_PARSE_CACHE_DIR=<dir> (another cache directory),
 SGLANG_LAB_ACCEPT_LENGTH=<L> (with a speculative algorithm: L tokens per verify forward instead of the
-model's, so a /generate answer's completion_tokens / spec_verify_ct is about L; at least 1).
+model's, so a /generate answer's completion_tokens / spec_verify_ct is about L; at least 1),
+SGLANG_LAB_SLOW=<f> (every forward and prefill takes f times as long; at least 1),
+SGLANG_LAB_ERROR_RATE=<r> (that fraction of generation requests, 0..1, evenly spread, is answered 500).
 /metrics exists only with --enable-metrics, as in SGLang (synthetic values; --extra-metric-labels on every
-metric, as SGLang's collectors add them). SIGTERM: drain, exit 0 (as SGLang: /health 503, generation
+collector's metric, as SGLang's collectors add them), under SGLang 0.5.23's names, types and buckets
+(observability/metrics_collector.py, http_request_metrics.py): the token and request counters, aborted
+requests (a client gone mid-stream), spec_verify_calls_total, the time-to-first-token and inter-token
+histograms (each forward's interval over its new tokens), and http_responses_total per endpoint and status.
+SIGTERM: drain, exit 0 (as SGLang: /health 503, generation
 requests still accepted meanwhile).
 
 Drain endpoints, as SGLang 0.5.23 serves them (not on OLD_API or replay builds): `GET /v1/loads`
@@ -145,6 +151,16 @@ def env_float(name: str, default: float | None) -> float | None:
         raise LabConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
     if value < 0 or not math.isfinite(value):
         raise LabConfigError(f"{name} must be a finite number >= 0, got {raw!r}")
+    return value
+
+
+def env_factor(name: str, low: float, high: float | None) -> float:
+    """A SGLANG_LAB_* number within [low, high] (default: low, the fault switched off)."""
+    value = env_float(name, low)
+    if value < low or (high is not None and value > high):
+        raise LabConfigError(
+            f"{name} must be within [{low:g}, {high if high is not None else 'inf'}], got {value:g}"
+        )
     return value
 
 
@@ -1024,6 +1040,14 @@ class Lab:
         self.hang, self.old_api = env_flag("SGLANG_LAB_HANG"), env_flag("SGLANG_LAB_OLD_API")
         self.spawn_child = env_flag("SGLANG_LAB_SPAWN_CHILD")
         self.accept_length = env_accept_length()
+        self.slow = env_factor("SGLANG_LAB_SLOW", 1.0, None)
+        self.error_rate = env_factor("SGLANG_LAB_ERROR_RATE", 0.0, 1.0)
+        self.generation_requests = 0
+        self.http: dict[tuple[str, str, str], int] = {}  # (endpoint, status_code, method) -> responses
+        self.requests = {"false": 0, "true": 0}  # finished requests by is_streaming
+        self.ttft = {"false": Histogram(TTFT_BUCKETS), "true": Histogram(TTFT_BUCKETS)}
+        self.itl = Histogram(ITL_BUCKETS)
+        self.aborted = self.verify_calls = 0
         self.replay = replay_recording()
         self.log_format = os.environ.get("SGLANG_LAB_LOG_FORMAT") or (
             self.replay["server_args_form"] if self.replay else "dict"
@@ -1478,10 +1502,13 @@ class Lab:
         with self.lock:
             self.inflight[rid] = start
         try:
-            time.sleep(0.010 + 0.00001 * prompt_tokens)
+            time.sleep((0.010 + 0.00001 * prompt_tokens) * self.slow)
+            last = start
             for k in range(1, forwards + 1):
-                time.sleep(spec["step_ms"] / 1000)
-                done = n if k == forwards else max(done + 1, min(n, int(k * spec["L"])))
+                time.sleep(spec["step_ms"] * self.slow / 1000)
+                before, done = done, n if k == forwards else max(done + 1, min(n, int(k * spec["L"])))
+                self.observe_forward(k == 1, stream, time.monotonic() - last, done - before)
+                last = time.monotonic()
                 if stream or k == forwards:
                     yield "".join(tokens[:done]), self.meta(rid, prompt_tokens, done, k, k == forwards, start)
             if not forwards:
@@ -1489,9 +1516,32 @@ class Lab:
             with self.lock:
                 for key, value in (("prompt", prompt_tokens), ("generation", n), ("forwards", forwards)):
                     self.stats[key] += value
+                self.requests["true" if stream else "false"] += 1
+                self.verify_calls += forwards if spec["algo"] else 0
         finally:
             with self.lock:
                 self.inflight.pop(rid, None)
+
+    def observe_forward(self, first: bool, stream: bool, interval: float, new_tokens: int) -> None:
+        """As TokenizerManager: the first forward's time is the time to first token, every later one an
+        inter-token interval spread over its new tokens (observe_inter_token_latency)."""
+        with self.lock:
+            if first:
+                self.ttft["true" if stream else "false"].observe(interval)
+            elif new_tokens > 0:
+                self.itl.observe(interval / new_tokens, new_tokens)
+
+    def fail_this_request(self) -> bool:
+        """SGLANG_LAB_ERROR_RATE: whether this generation request is answered 500 (evenly spread)."""
+        with self.lock:
+            self.generation_requests += 1
+            n = self.generation_requests
+        return math.floor(n * self.error_rate) > math.floor((n - 1) * self.error_rate)
+
+    def count_response(self, path: str, status: int, method: str) -> None:
+        with self.lock:
+            key = (path, str(status), method)
+            self.http[key] = self.http.get(key, 0) + 1
 
     def meta(self, rid: str, prompt_tokens: int, done: int, verify_ct: int, final: bool, start: float):
         meta = {
@@ -1528,11 +1578,19 @@ class Lab:
         )
         tok = f'model_name="{self.resolved.get("served_model_name")}",engine_type="unified"'
         sched = tok + ',tp_rank="0",pp_rank="0",moe_ep_rank="0"' + extra
-        stats, tok_s = self.stats, tok + extra + ',is_streaming="false"'
+        stats, tok_x = self.stats, tok + extra
+        with self.lock:
+            requests, http, ttft, itl = dict(self.requests), dict(self.http), dict(self.ttft), self.itl.copy()
+            aborted, verify_calls = self.aborted, self.verify_calls
         lines = ["# sglang-lab-server: synthetic values"]
         for metric, kind, labels, value in (
-            ("sglang:prompt_tokens_total", "counter", tok_s, stats["prompt"]),
-            ("sglang:generation_tokens_total", "counter", tok_s, stats["generation"]),
+            ("sglang:prompt_tokens_total", "counter", tok_x + ',is_streaming="false"', stats["prompt"]),
+            (
+                "sglang:generation_tokens_total",
+                "counter",
+                tok_x + ',is_streaming="false"',
+                stats["generation"],
+            ),
             ("sglang:num_running_reqs", "gauge", sched, len(self.inflight)),
             (
                 "sglang:spec_accept_length",
@@ -1543,9 +1601,28 @@ class Lab:
         ):
             lines += [
                 f"# HELP {metric} lab server synthetic value",
-                f"# TYPE {metric[:-6] if kind == 'counter' else metric} {kind}",
+                f"# TYPE {metric} {kind}",  # prometheus_client names a counter's family with _total
                 f"{metric}{{{labels}}} {float(value)}",
             ]
+        lines += counter_lines(
+            "sglang:num_requests_total",
+            [(tok_x + f',is_streaming="{k}"', v) for k, v in requests.items() if v],
+        )
+        lines += counter_lines("sglang:num_aborted_requests_total", [(tok_x, aborted)])
+        if self.spec["algo"]:
+            lines += counter_lines("sglang:spec_verify_calls_total", [(tok_x, verify_calls)])
+        lines += histogram_lines(
+            "sglang:time_to_first_token_seconds",
+            [(tok_x + f',is_streaming="{k}"', h) for k, h in ttft.items() if h.count],
+        )
+        lines += histogram_lines("sglang:inter_token_latency_seconds", [(tok_x, itl)])
+        lines += counter_lines(
+            "sglang:http_responses_total",
+            [
+                (f'endpoint="{exposition_escape(p)}",method="{m}",status_code="{c}"', v)
+                for (p, c, m), v in sorted(http.items())
+            ],
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -1661,6 +1738,7 @@ class LabHandler(BaseHTTPRequestHandler):
         if not isinstance(body, bytes):
             body = json.dumps(body, default=str, allow_nan=False).encode()
         self.send_response(status)
+        self.lab.count_response(self.path.split("?", 1)[0], status, self.command)
         if body and ctype:
             self.send_header("content-type", ctype)
         self.send_header("content-length", str(len(body)))
@@ -1688,6 +1766,7 @@ class LabHandler(BaseHTTPRequestHandler):
     def stream(self, chunks) -> None:
         """text/event-stream with chunked transfer encoding, as uvicorn sends a StreamingResponse."""
         self.send_response(200)
+        self.lab.count_response(self.path.split("?", 1)[0], 200, self.command)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
@@ -1712,8 +1791,9 @@ class LabHandler(BaseHTTPRequestHandler):
             self.dispatch(path)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             self.send(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
-        except ConnectionError:  # the client went away mid-stream
-            pass
+        except ConnectionError:  # the client went away mid-stream: SGLang aborts the request
+            with self.lab.lock:
+                self.lab.aborted += 1
 
     do_POST = do_PUT = do_GET  # noqa: N815
 
@@ -1852,7 +1932,27 @@ class LabHandler(BaseHTTPRequestHandler):
     def metrics(self) -> None:  # /metrics (--enable-metrics)
         self.send(200, self.lab.metrics().encode(), PROMETHEUS_TYPE)
 
+    def injected_error(self) -> bool:
+        """SGLANG_LAB_ERROR_RATE: answer this generation request 500, as SGLang an internal error."""
+        if not self.lab.fail_this_request():
+            return False
+        message = f"injected by the lab server: SGLANG_LAB_ERROR_RATE={self.lab.error_rate:g}"
+        self.body()
+        self.send(
+            500,
+            {
+                "object": "error",
+                "message": message,
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            },
+        )
+        return True
+
     def generate(self) -> None:  # /generate: one prompt or a batch, a single prompt may stream
+        if self.injected_error():
+            return
         req = self.body()
         max_new = int((req.get("sampling_params") or {}).get("max_new_tokens", 128))
         prompts, batch = prompts_of(req)
@@ -1877,6 +1977,8 @@ class LabHandler(BaseHTTPRequestHandler):
                 400,
                 {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
             )
+            return
+        if self.injected_error():
             return
         turn = ChatTurn(self.body())
         if turn.req.get("stream"):
@@ -1924,6 +2026,59 @@ class LabHandler(BaseHTTPRequestHandler):
                 id=turn.rid, created=turn.created, model=turn.model, choices=[], usage=usage
             )
             yield f"data: {last.model_dump_json()}\n\n"
+
+
+# SGLang 0.5.23's default buckets (metrics_collector.py, TokenizerMetricsCollector).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+    0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+
+
+class Histogram:
+    """A Prometheus histogram's state: per-bucket counts (cumulated when written), count, sum."""
+
+    def __init__(self, buckets: tuple) -> None:
+        self.buckets, self.counts, self.count, self.sum = buckets, [0] * len(buckets), 0, 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += times
+                break
+        self.count += times
+        self.sum += value * times
+
+    def copy(self) -> Histogram:
+        other = Histogram(self.buckets)
+        other.counts, other.count, other.sum = list(self.counts), self.count, self.sum
+        return other
+
+
+def go_float(value: float) -> str:
+    """prometheus_client's floatToGoString for a finite bound: 1 -> 1.0, 0.1 -> 0.1."""
+    return repr(float(value))
+
+
+def counter_lines(metric: str, samples: list) -> list[str]:
+    """A counter as prometheus_client writes it: HELP and TYPE name the _total family."""
+    lines = [f"# HELP {metric} lab server synthetic value", f"# TYPE {metric} counter"]
+    return lines + [f"{metric}{{{labels}}} {float(value)}" for labels, value in samples]
+
+
+def histogram_lines(metric: str, samples: list) -> list[str]:
+    """A histogram as prometheus_client writes it: cumulative _bucket lines with le, +Inf, _count, _sum."""
+    lines = [f"# HELP {metric} lab server synthetic value", f"# TYPE {metric} histogram"]
+    for labels, hist in samples:
+        running = 0
+        for bound, n in zip(hist.buckets, hist.counts):
+            running += n
+            lines.append(f'{metric}_bucket{{{labels},le="{go_float(bound)}"}} {float(running)}')
+        lines.append(f'{metric}_bucket{{{labels},le="+Inf"}} {float(hist.count)}')
+        lines.append(f"{metric}_count{{{labels}}} {float(hist.count)}")
+        lines.append(f"{metric}_sum{{{labels}}} {hist.sum!r}")
+    return lines
 
 
 def exposition_escape(value) -> str:

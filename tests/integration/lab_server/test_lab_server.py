@@ -341,10 +341,19 @@ def test_metrics_are_prometheus_text(dflash):
 def test_every_metric_carries_the_extra_labels_as_sglang_puts_them(dflash):
     """SGLang's collectors add --extra-metric-labels after their own labels and before a metric's own
     (is_streaming), escaped as prometheus_client writes label values."""
-    samples = [
-        line for line in dflash.request("/metrics")[1].decode().splitlines() if line.startswith("sglang:")
-    ]
-    assert len(samples) == 4, samples
+    lines = dflash.request("/metrics")[1].decode().splitlines()
+    # http_responses_total is the HTTP middleware's (endpoint, method, status_code only), as in SGLang
+    samples = [line for line in lines if line.startswith("sglang:") and not line.startswith("sglang:http_")]
+    names = {line.split("{", 1)[0] for line in samples}
+    for name in (
+        "sglang:prompt_tokens_total",
+        "sglang:num_running_reqs",
+        "sglang:spec_accept_length",
+        "sglang:num_aborted_requests_total",
+        "sglang:spec_verify_calls_total",
+        "sglang:inter_token_latency_seconds_count",
+    ):
+        assert name in names, names
     extra = 'config_hash="3f2a9c0d41be",team="in\\"fer\\\\ence"'
     for line in samples:
         assert extra in line, line
@@ -352,6 +361,32 @@ def test_every_metric_carries_the_extra_labels_as_sglang_puts_them(dflash):
     assert any(
         re.match(rf'sglang:prompt_tokens_total\{{model_name="[^"]+",{order} ', line) for line in samples
     )
+
+
+def test_fault_switches_make_it_slower_and_erroring_in_sglangs_metrics(tmp_path, models):
+    """SGLANG_LAB_SLOW and SGLANG_LAB_ERROR_RATE (the canary's lab faults): every second generation request
+    answered 500 and counted per status in http_responses_total, the forwards 4x as long in the
+    time-to-first-token and inter-token histograms; a counter's TYPE names its _total family (smg refuses
+    the metrics of a worker whose family names differ)."""
+    argv = [*dflash_argv(models), "--enable-metrics"]
+    figures = {}
+    for slow, rate in (("1", "0"), ("4", "0.5")):
+        server = Server(tmp_path, argv, env={"SGLANG_LAB_SLOW": slow, "SGLANG_LAB_ERROR_RATE": rate})
+        try:
+            server.wait_log(r"The server is fired up and ready to roll!")
+            body = {"text": "a prompt", "sampling_params": {"max_new_tokens": 32}}
+            statuses = [server.request("/generate", body=body)[0] for _ in range(4)]
+            text = server.request("/metrics")[1].decode()
+        finally:
+            server.stop()
+        assert "# TYPE sglang:http_responses_total counter" in text
+        values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("sglang:"))
+        errors = sum(float(v) for k, v in values.items() if 'endpoint="/generate"' in k and "500" in k)
+        itl = [float(v) for k, v in values.items() if k.startswith("sglang:inter_token_latency_seconds_")]
+        figures[slow] = {"statuses": statuses, "errors": errors, "itl_mean": itl[-1] / itl[-2]}
+    assert figures["1"]["statuses"] == [200] * 4 and figures["1"]["errors"] == 0
+    assert figures["4"]["statuses"].count(500) == 2 and figures["4"]["errors"] == 2
+    assert figures["4"]["itl_mean"] > 3 * figures["1"]["itl_mean"]
 
 
 # ------------------------------------------------------------------ older server: old API + dataclass log
