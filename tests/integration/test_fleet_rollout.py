@@ -46,26 +46,22 @@ import json
 import os
 import re
 import secrets
-import shlex
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-import yaml
-from labtools import ansible_env, missing_lab_prerequisite, ssh_argv
+from fleetlab import (
+    REPO,
+    ROUTER_UNIT,
+    Fleet,
+    fleet_up,
+    load_failures,
+    long_result,
+    recap,
+    rolling_play,
+    stop_load,
+    why,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
-ANSIBLE = REPO / ".venv" / "bin" / "ansible"
-ROUTER_ADMIN_KEY = REPO / ".lab" / "router_admin_key"  # labctl's
-LABCTL = REPO / "lab" / "labctl"
-LOADGEN = REPO / "lab" / "loadgen"
-WHEELHOUSE = Path(os.environ.get("WHEELHOUSE", "/var/cache/sglang-lab/wheelhouse"))
 INDEX = int(os.environ.get("FLEET_LAB_INDEX", "150"))
 GPU = [f"lab{INDEX}", f"lab{INDEX + 1}"]
 ROUTERS = [f"lab{INDEX + 2}"]
@@ -74,275 +70,39 @@ INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}.yml"
 # The same fleet with the second GPU host under another inventory name (test 7; gitignored too).
 RENAMED_INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}-renamed.yml"
 RENAMED = f"lab{INDEX + 1}b"
-FAST = {"sglang_stable_seconds": 3, "sglang_health_count": 2}
-CHAT = "POST /v1/chat/completions"
 FILES = "sha256sum /etc/systemd/system/sglang.service /etc/sglang/sglang.env /etc/sglang/sglang.yaml"
 PENDING = "/var/lib/sglang-deploy/sglang.pending.json"
-ROUTER_UNIT = "sglang-router.service"
 ROUTER_UNIT_PATH = f"/etc/systemd/system/{ROUTER_UNIT}"
 ROUTER_METRICS_PORT = 29000
-# Runs on the router host as `python3 -c PROBE`, its input on stdin (never on a command line): the keys to
-# look for in every /proc/<pid>/cmdline, and HTTP requests to the router ([method, path, bearer, JSON body]).
-PROBE = r"""
-import json, os, sys, urllib.error, urllib.request
-given = json.load(sys.stdin)
-cmdlines, holders = {}, []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        continue
-    cmdlines[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    if any(k.encode() in raw for k in given["keys"]):
-        holders.append(pid)
-answers = []
-for method, path, bearer, body in given["requests"]:
-    request = urllib.request.Request(f"http://127.0.0.1:{given['port']}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode())
-    request.add_header("Content-Type", "application/json")
-    if bearer is not None:
-        request.add_header("Authorization", "Bearer " + bearer)
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            answers.append([r.status, r.read().decode()])
-    except urllib.error.HTTPError as e:
-        answers.append([e.code, e.read().decode()])
-print(json.dumps({"cmdlines": cmdlines, "holders": holders, "answers": answers}))
-"""
 # One long non-streaming chat completion straight to a worker, from the router host (the controller has
 # no address on the fleet network). The lab server generates max_tokens tokens at its synthetic pace:
 # 15000 tokens took 25.5 s at window 4096/8192, 30000 50.8 s (measured, ~1.7 ms a token). It must still run
 # when the deploy reaches the drain: 25-36 s into a run (measured; longer on a busy machine). Prints status,
 # whether the answer was complete, seconds.
 LONG_TOKENS = 36000
-LONG = r"""
-import json, sys, time, urllib.error, urllib.request
-url, tokens = sys.argv[1], int(sys.argv[2])
-body = {"model": "lab-target", "messages": [{"role": "user", "content": "a long answer"}],
-        "max_tokens": tokens}
-request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-start, status, complete, detail = time.time(), None, False, ""
-try:
-    with urllib.request.urlopen(request, timeout=300) as r:
-        status, answer = r.status, json.loads(r.read())
-        complete = answer["usage"]["completion_tokens"] == tokens
-except urllib.error.HTTPError as e:
-    status, detail = e.code, e.read()[:300].decode(errors="replace")
-except (OSError, ValueError, KeyError) as e:
-    detail = f"{type(e).__name__}: {e}"
-print(json.dumps({"status": status, "complete": complete, "start": start, "seconds": time.time() - start,
-                  "detail": detail}))
-"""
-
-
-class Fleet:
-    def __init__(self, client_key: str):
-        self.admin_key = ROUTER_ADMIN_KEY.read_text().strip()
-        self.client_key = client_key
-        self.keys = {"sglang_router_admin_key": self.admin_key, "sglang_router_worker_api_key": client_key}
-        inv = yaml.safe_load(INVENTORY.read_text())["all"]["children"]
-        self.hv = {**inv["gpu_nodes"]["hosts"], **inv["routers"]["hosts"]}
-        self.runs: list[str] = []  # every ansible-playbook output, for the "no key printed" check
-
-    def ssh_argv(self, host: str, command: str) -> list[str]:
-        return ssh_argv(self.hv[host], command, user="root")
-
-    def ssh(self, host: str, command: str, stdin: str | None = None) -> str:
-        r = subprocess.run(
-            self.ssh_argv(host, command), input=stdin, capture_output=True, text=True, timeout=120
-        )
-        assert r.returncode == 0, f"ssh {host} {command[:80]!r}: {r.stderr}"
-        return r.stdout
-
-    def playbook(
-        self,
-        *args: str,
-        extra: dict | None = None,
-        playbook: str = "deploy.yml",
-        inventory: Path = INVENTORY,
-    ):
-        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="fleet-extra-") as handle:
-            json.dump({"sglang_router_worker_api_key": self.client_key, **FAST, **(extra or {})}, handle)
-            handle.flush()
-            argv = [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), playbook, "-e", "@" + handle.name, *args]
-            start = time.monotonic()
-            r = subprocess.run(
-                argv, cwd=REPO, env=ansible_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True
-            )
-            print(f"{playbook} {' '.join(args)}: rc {r.returncode} in {time.monotonic() - start:.0f} s")
-        self.runs.append(r.stdout + r.stderr)
-        return r
-
-    def invocation(self, host: str, unit: str = "sglang.service") -> str:
-        return self.ssh(host, f"systemctl show -p InvocationID --value {unit}").strip()
-
-    def invocations(self) -> dict[str, str]:
-        return {h: self.invocation(h) for h in GPU} | {r: self.invocation(r, ROUTER_UNIT) for r in ROUTERS}
-
-    def unit(self, host: str = ROUTER, name: str = ROUTER_UNIT) -> dict[str, str]:
-        out = self.ssh(
-            host, f"systemctl show -p InvocationID -p ActiveState -p MainPID -p ControlGroup {name}"
-        )
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-    def probe(self, *requests: list) -> dict:
-        """PROBE on the router host: the keys in any cmdline, and the router's answers to ``requests``."""
-        given = {"keys": list(self.keys.values()), "port": 30000, "requests": [list(r) for r in requests]}
-        return json.loads(self.ssh(ROUTER, f"python3 -c {shlex.quote(PROBE)}", stdin=json.dumps(given)))
-
-    def url(self, host: str) -> str:
-        return f"http://{self.hv[host]['lab_fleet_address']}:30000"
-
-    def server_info(self, host: str) -> dict:
-        url = self.url(host) + "/server_info"
-        code = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
-        return json.loads(self.ssh(host, f"python3 -c {shlex.quote(code)}"))
-
-    def inflight(self, host: str) -> int:
-        url = self.url(host) + "/v1/loads?include=core"
-        code = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())"
-        loads = json.loads(self.ssh(ROUTER, f"python3 -c {shlex.quote(code)}"))["loads"]
-        return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads)
-
-    def start_long_request(self, host: str, tokens: int) -> subprocess.Popen:
-        """LONG straight to the worker on ``host`` (from the router host); returns once it is in flight."""
-        command = f"python3 -c {shlex.quote(LONG)} {self.url(host)} {tokens}"
-        proc = subprocess.Popen(
-            self.ssh_argv(ROUTER, command), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
-        )
-        deadline = time.monotonic() + 20
-        while self.inflight(host) < 1:
-            assert proc.poll() is None and time.monotonic() < deadline, "the long request never got in flight"
-            time.sleep(0.2)
-        return proc
-
-    def chat_arrivals(self, host: str, since: float) -> list[float]:
-        """Wall times at which the worker began answering a chat completion (its access log line)."""
-        out = self.ssh(
-            host, f"journalctl -u sglang.service -o short-unix --no-pager --since @{int(since) - 1}"
-        )
-        return [float(line.split()[0]) for line in out.splitlines() if CHAT in line]
-
-    def router_url(self, router: str = ROUTER) -> str:
-        return f"http://{self.hv[router]['ansible_host']}:30000"
-
-    def workers(self, router: str = ROUTER) -> list[dict]:
-        request = urllib.request.Request(
-            self.router_url(router) + "/workers", headers={"Authorization": f"Bearer {self.admin_key}"}
-        )
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return json.loads(r.read())["workers"]
-
-    def listed(self, host: str, router: str = ROUTER) -> list[tuple[str, str | None]]:
-        """(status, sglang_invocation label) of each entry with ``host``'s URL in ``router``'s list."""
-        return [
-            (w["status"], w["labels"].get("sglang_invocation"))
-            for w in self.workers(router)
-            if w["url"] == self.url(host)
-        ]
-
-    def member(self, host: str, **args) -> subprocess.Popen:
-        """library/sglang_router_member.py for ``host``'s worker on the router host, as the role delegates it
-        there, in an ansible process of its own (another controller); the admin key from the inventory."""
-        params = {"router_url": "http://127.0.0.1:30000", "worker_url": self.url(host), **args}
-        params["router_api_key"] = "{{ sglang_router_admin_key }}"
-        argv = [
-            str(ANSIBLE),
-            "-i",
-            str(INVENTORY),
-            ROUTER,
-            "-m",
-            "sglang_router_member",
-            "-a",
-            json.dumps(params),
-        ]
-        env = dict(
-            ansible_env(), ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json"
-        )
-        return subprocess.Popen(
-            argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
-        )
-
-    @staticmethod
-    def member_result(proc: subprocess.Popen) -> dict:
-        out, _ = proc.communicate(timeout=300)
-        return json.loads(out)["plays"][0]["tasks"][0]["hosts"][ROUTER]
-
-    def start_load(self, out: Path, clients: int = 3) -> subprocess.Popen:
-        argv = [sys.executable, str(LOADGEN), "--router", self.router_url(), "--clients", str(clients)]
-        argv += ["--duration", "400", "--max-requests", "20000", "--sample-interval", "0.3"]
-        env = dict(os.environ, LOADGEN_ADMIN_KEY=self.admin_key, LOADGEN_API_KEY=self.client_key)
-        with out.open("w") as handle:
-            return subprocess.Popen(argv, stdout=handle, env=env, cwd=REPO)
-
-
-def long_result(proc: subprocess.Popen) -> dict:
-    out, _ = proc.communicate(timeout=300)
-    result = json.loads(out)
-    print(f"long request: {result}")
-    return result
-
-
-def load_failures(result: dict) -> int:
-    return result["non_2xx"] + result["truncated"] + result["errors"]
-
-
-def stop_load(proc: subprocess.Popen, out: Path) -> dict:
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=180) == 0
-    return json.loads(out.read_text())
-
-
-def why(r: subprocess.CompletedProcess) -> str:
-    """The failed tasks of a run (the end of its output when none is marked)."""
-    found = [m.start() for m in re.finditer(r"^(fatal|failed): ", r.stdout, re.M)]
-    return "\n".join(r.stdout[i : i + 2500] for i in found[:3]) or (r.stdout[-4000:] + r.stderr[-2000:])
-
-
-def rolling_play(stdout: str) -> str:
-    """The output of playbooks/sglang.yml's rolling play (the second SGLang play), all its batches."""
-    # Every batch of it (serial) prints the play's header again; the router play or the recap ends it.
-    rest = stdout.split("PLAY [Deploy SGLang and verify the running server]", 1)[1]
-    for end in ("\nPLAY [Deploy the SGLang router", "\nPLAY RECAP"):
-        rest = rest.split(end, 1)[0]
-    return rest
-
-
-def recap(stdout: str) -> dict[str, str]:
-    return dict(re.findall(r"^(\S+)\s+:\s+(ok=.*)$", stdout, re.M))
 
 
 @pytest.fixture(scope="module")
 def fleet():
-    missing = missing_lab_prerequisite()
-    if missing:
-        pytest.fail(missing)
-    if not any(WHEELHOUSE.glob("sglang-*.whl")) or not any((WHEELHOUSE / "smg").glob("smg-1.13.0-*.whl")):
-        pytest.fail(f"no sglang or smg 1.13.0 wheel in {WHEELHOUSE}: run `make wheelhouse` first")
-    up = [str(LABCTL), "up", "--sglang-layer", "--hosts", "2", "--routers", str(len(ROUTERS))]
-    up += ["--first-index", str(INDEX)]
-    subprocess.run([*up, "--inventory", str(INVENTORY)], check=True, cwd=REPO, stdin=subprocess.DEVNULL)
-    try:
-        lab = Fleet("client-" + secrets.token_hex(16))
-        # Check mode BEFORE the first real router deploy: on the fresh router host it installs and starts
-        # nothing.
-        lab.fresh = lab.unit()
-        lab.check = lab.playbook("--check", "--diff", playbook="playbooks/router.yml")
-        lab.after_check = lab.unit()
-        lab.after_check_files = lab.ssh(
-            ROUTER, "ls -d /opt/sglang-router /etc/sglang-router 2>/dev/null || true"
-        )
-        # The first deploy has no router to leave yet (the router play comes last): all hosts at once.
-        lab.deploy = lab.playbook("-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
-        assert lab.deploy.returncode == 0, why(lab.deploy)
-        lab.deployed = lab.unit()
-        lab.sglang = {h: lab.invocation(h) for h in GPU}
-        yield lab
-    finally:
-        subprocess.run([str(LABCTL), "down", "--inventory", str(INVENTORY)], check=False, cwd=REPO)
-        RENAMED_INVENTORY.unlink(missing_ok=True)
+    with fleet_up(INDEX, len(ROUTERS), INVENTORY):
+        try:
+            lab = Fleet("client-" + secrets.token_hex(16), INVENTORY)
+            # Check mode BEFORE the first real router deploy: on the fresh router host it installs and starts
+            # nothing.
+            lab.fresh = lab.unit()
+            lab.check = lab.playbook("--check", "--diff", playbook="playbooks/router.yml")
+            lab.after_check = lab.unit()
+            lab.after_check_files = lab.ssh(
+                ROUTER, "ls -d /opt/sglang-router /etc/sglang-router 2>/dev/null || true"
+            )
+            # The first deploy has no router to leave yet (the router play comes last): all hosts at once.
+            lab.deploy = lab.playbook("-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
+            assert lab.deploy.returncode == 0, why(lab.deploy)
+            lab.deployed = lab.unit()
+            lab.sglang = {h: lab.invocation(h) for h in GPU}
+            yield lab
+        finally:
+            RENAMED_INVENTORY.unlink(missing_ok=True)
 
 
 def out_of_router_windows(samples: list, url: str) -> list[tuple[float, float]]:
