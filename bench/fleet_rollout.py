@@ -12,7 +12,9 @@ Three figures, printed (asserts nothing):
      3-host figure minus the 2-host one: the run's fixed part - Ansible's start, the first play over all
      hosts at once - cancels out), pair by pair and their median (target <= 5 s per host). Both rollouts
      have at least 2 hosts, so both go through the rolling play (one host is deployed by the first play
-     alone);
+     alone). The first host of each is the canary: it bakes CANARY_BAKE s (no warm-up delay) under one
+     lab/loadgen client through the router and gets its verdict; the bake is subtracted like a drain, and
+     the verdict's own cost (its two scrapes of the router and the computation, canary.json) is printed;
   2. a no-change run of playbooks/sglang.yml on 1, 2 and 4 GPU hosts, interleaved --runs times, the fastest
      of each (target: 4 hosts <= 1.5x 1 host), each round's own 4-host / 1-host ratio and their median, and
      the machine's speed over the rounds (CPU seconds of a fixed loop before each);
@@ -41,6 +43,7 @@ import os
 import re
 import resource
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +59,7 @@ _LOADER = importlib.machinery.SourceFileLoader("labctl", str(LABCTL))
 LAB = importlib.util.module_from_spec(importlib.util.spec_from_loader("labctl", _LOADER))
 _LOADER.exec_module(LAB)
 GPU_HOSTS = 5  # a 2-host and a 3-host rollout, on distinct hosts
+CANARY_BAKE = 3  # seconds; production bakes minutes, the bench subtracts it
 
 
 class Bench:
@@ -79,6 +83,9 @@ class Bench:
             usage = dict(line.split() for line in found[0].read_text().splitlines())
             total += int(usage["usage_usec"]) / 1e6
         return total
+
+    def router_url(self) -> str:
+        return f"http://10.213.{self.index + GPU_HOSTS}.2:30000"  # labctl's address of lab<K>
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
@@ -141,7 +148,7 @@ class Bench:
                 "-m",
                 "sglang_history",
                 "-a",
-                "limit=1",
+                "limit=3",  # the verified restart's record, and a canary's verdict after it
             ],
             cwd=ROOT,
             capture_output=True,
@@ -149,15 +156,36 @@ class Bench:
             check=True,
             env={**self.env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"},
         ).stdout
-        return json.loads(out)["plays"][0]["tasks"][0]["hosts"][host]["records"][-1]["timings"]
+        records = json.loads(out)["plays"][0]["tasks"][0]["hosts"][host]["records"]
+        return [r for r in records if "timings" in r][-1]["timings"]
 
 
 def rollout(bench: Bench, hosts: list[str], window: int) -> tuple[float, float]:
     """Roll ``window`` through ``hosts`` (batch 1), print the figures, return the wall time beyond the sum of
     each host's drain + server restart, and the sum of their stability windows."""
-    wall, out = bench.play(
-        "playbooks/sglang.yml", "-e", f"window={window}", "--limit", ",".join(hosts), profile=True
+    reports = Path(tempfile.mkdtemp(prefix="bench-report-"))
+    # The bench measures what the verdict costs, not the lab's noise: latency limits no like change trips.
+    canary = {"sglang_canary_delay": 0, "sglang_canary_bake": CANARY_BAKE, "sglang_canary_min_requests": 1}
+    canary["sglang_canary_limits"] = {"ttft_seconds": 100, "itl_seconds": 100}
+    load = subprocess.Popen(
+        [sys.executable, str(ROOT / "lab" / "loadgen"), "--router", bench.router_url(), "--clients", "1"],
+        stdout=subprocess.DEVNULL,
+        cwd=ROOT,
     )
+    try:
+        wall, out = bench.play(
+            "playbooks/sglang.yml",
+            "-e",
+            f"window={window}",
+            "--limit",
+            ",".join(hosts),
+            extra={**canary, "deploy_report_dir": str(reports)},
+            profile=True,
+        )
+    finally:
+        load.send_signal(signal.SIGINT)
+        load.wait(timeout=120)
+    verdict = json.loads((reports / "canary.json").read_text())
     drains = {h: float(s) for h, s in re.findall(r"(lab\d+) left lab\d+: drained in ([0-9.]+) s", out)}
     rows, accounted = [], 0.0
     for host in hosts:
@@ -165,8 +193,12 @@ def rollout(bench: Bench, hosts: list[str], window: int) -> tuple[float, float]:
         start, stable = t["ready"], t["stable"] - t["ready"]
         accounted += drains.get(host, 0.0) + start
         rows.append((host, drains.get(host), start, stable))
-    beyond = wall - accounted
+    beyond = wall - accounted - verdict["seconds"]["bake"] - verdict["seconds"]["delay"]
     print(f"rollout of {len(hosts)} host(s) (window -> {window}, batch 1): {wall:.1f} s wall")
+    print(
+        f"  canary {hosts[0]}: {verdict['verdict']} after a bake of {verdict['seconds']['bake']:g} s "
+        f"(not counted); the verdict's own cost {verdict['seconds']['verdict']:.3f} s"
+    )
     for host, drain, start, stable in rows:
         print(f"  {host}: drain {drain} s, server restart->ready {start:.2f} s, stability {stable:.2f} s")
     print("  slowest tasks of that run (ansible.posix profile_tasks):")
