@@ -6,7 +6,8 @@
 Reads what the sweep recorded on the controller: <state-dir>/hosts/<host>/plan.json (the points of
 the current plan) and <state-dir>/hosts/<host>/points/<point-id>.json (one record per host + point:
 the point's settings, the verified InvocationID, the verified running arguments, the workload and
-bench_serving's numbers, or the failure and its reason, or the rejection: a point the host's build
+bench_serving's numbers, the acceptance length the deploy's history recorded for that invocation
+(its `speculation`), or the failure and its reason, or the rejection: a point the host's build
 cannot honour, refused before anything ran). Records of points that are no longer in a host's plan
 (changed settings or workload) are listed as stale and left out of the table.
 
@@ -34,6 +35,11 @@ import sys
 LAB_NOTE = (
     "LAB RUN - synthetic numbers: the lab server (lab/sglang_lab_server.py) sleeps a deterministic time "
     "that depends on the settings; they show that the sweep works, not how SGLang performs."
+)
+ACCEPT_LENGTH_NOTE = (
+    "accept len: the point's acceptance length as its deploy measured it (the history record's "
+    "speculation.accept_length: completion_tokens / spec_verify_ct of one deterministic /generate); "
+    "bench_serving's average is bench_accept_length in sweep.json and sweep.csv."
 )
 # (metric key of bench_serving's result, column title, unit)
 METRICS = (
@@ -123,6 +129,7 @@ def make_row(host: str, index: int, point: dict, record: dict | None) -> dict:
             "axes": point.get("axes", {}),
         }
     metrics = record.get("metrics") or {}
+    speculation = record.get("speculation") or {}
     row = {
         "host": host,
         "order": index,
@@ -139,7 +146,9 @@ def make_row(host: str, index: int, point: dict, record: dict | None) -> dict:
         "running_args": record.get("running_args"),
         "resolved_args": record.get("resolved_args"),
         "sglang_version": record.get("sglang_version"),
-        "accept_length": record.get("avg_spec_accept_length"),
+        "accept_length": speculation.get("accept_length"),
+        "speculation": record.get("speculation"),
+        "bench_accept_length": record.get("avg_spec_accept_length"),
         "workload": {k: (record.get("workload") or {}).get(k) for k in WORKLOAD_KEYS}
         if record.get("workload")
         else None,
@@ -257,7 +266,8 @@ def write_csv(path: str, rows: list[dict], axes: list[str], arg_of: dict) -> Non
         + axes
         + ["invocation_id"]
         + [m for m, _, _ in METRICS]
-        + ["accept_length", "sglang_version", "running_args", "settings", "workload", "reason"]
+        + ["accept_length", "bench_accept_length", "sglang_version", "running_args", "settings", "workload"]
+        + ["reason"]
     )
     with open(path, "w", newline="", encoding="utf-8") as handle:
         out = csv.writer(handle)
@@ -271,6 +281,7 @@ def write_csv(path: str, rows: list[dict], axes: list[str], arg_of: dict) -> Non
                 + [(r.get("metrics") or {}).get(m) for m, _, _ in METRICS]
                 + [
                     r.get("accept_length"),
+                    r.get("bench_accept_length"),
                     r.get("sglang_version"),
                     json.dumps(r.get("running_args"), sort_keys=True),
                     json.dumps(r["settings"], sort_keys=True),
@@ -326,6 +337,7 @@ def render_markdown(report: dict, templates: str = TEMPLATES) -> str:
         workloads=sorted({json.dumps(r["workload"], sort_keys=True) for r in rows if r.get("workload")}),
         stale=report["stale"],
         plots=report["plots"],
+        accept_length_note=report.get("accept_length_note"),
     )
 
 
@@ -405,7 +417,7 @@ BUDGET_PLOTS = (
     (
         "accept_length_vs_budget.png",
         "accept_length",
-        "avg_spec_accept_length",
+        "acceptance length (deploy's probe)",
         "Acceptance length vs DDTree budget",
     ),
 )
@@ -510,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "lab_run": lab,
         "note": LAB_NOTE if lab else None,
+        "accept_length_note": ACCEPT_LENGTH_NOTE,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "axes": axes,
         "axis_args": arg_of,

@@ -40,7 +40,7 @@ REJECT = (
     " (the Rancy-Wang/sglang ddtree-v2 fork) forces speculative_eagle_topk to 1"
     " with speculative_algorithm DDTREE; remove it or set 1"
 )
-# point name -> (result, output tok/s, acceptance length)
+# point name -> (result, output tok/s, acceptance length of the deploy's speculation probe)
 OUTCOME = {
     "baseline": ("verified", 100.0, 3.0),
     "budget=8,topk=1,window=2048": ("verified", 110.0, 3.5),
@@ -105,7 +105,17 @@ def make_state(tmp_path, host="lab1", axes=AXES, outcome=OUTCOME, lab=True):
                 running_args=running,
                 resolved_args={},
                 sglang_version="0.0.0.dev0+labreplay.ddtree.pr29907",
-                avg_spec_accept_length=accept,
+                # bench_serving's average differs from the deploy's probe: the report shows the probe's.
+                avg_spec_accept_length=accept + 0.5,
+                # sglang_verified_restart's speculation of this invocation, as the history recorded it
+                # (module_utils/sglang_speculation.py measure: 64 new tokens).
+                speculation={
+                    "accept_length": accept,
+                    "completion_tokens": 64,
+                    "spec_verify_ct": round(64 / accept),
+                    "stand_in": lab,
+                    "new_tokens": 64,
+                },
                 workload={"backend": "sglang", "num_prompts": 8},
                 metrics={
                     "output_throughput": tput,
@@ -164,6 +174,33 @@ def test_each_row_carries_its_own_invocation(report):
     for row in report["data"]["rows"]:
         if row["result"] != "verified":
             assert row.get("invocation_id") is None, row["point"]
+
+
+def test_each_row_shows_the_acceptance_length_its_deploy_recorded(report):
+    """accept len is the history record's speculation.accept_length of the row's invocation (issue 38 item 5),
+    not bench_serving's average (kept as bench_accept_length)."""
+    rows, md = report["rows"], report["md"]
+    with open(report["out"] / "sweep.csv", newline="") as handle:
+        csv_rows = {r["point"]: r for r in csv.DictReader(handle)}
+    cols = [
+        c.strip() for c in next(ln for ln in md.splitlines() if ln.startswith("| host")).strip("|").split("|")
+    ]
+    cells = {}
+    for line in md.splitlines():
+        if line.startswith("| lab1"):
+            row = dict(zip(cols, (c.strip() for c in line.strip("|").split("|"))))
+            cells[row["point"].strip("*")] = row
+    for name, (result, _, accept) in OUTCOME.items():
+        row = rows[name]
+        if result == "verified":
+            assert row["accept_length"] == accept and row["bench_accept_length"] == accept + 0.5
+            assert row["speculation"]["accept_length"] == accept and row["speculation"]["stand_in"] is True
+            assert cells[name]["accept len"] == f"{accept:.2f}"
+            assert float(csv_rows[name]["accept_length"]) == accept
+            assert float(csv_rows[name]["bench_accept_length"]) == accept + 0.5
+        else:
+            assert row.get("accept_length") is None and cells[name]["accept len"] == ""
+    assert report["data"]["accept_length_note"] in md
 
 
 def test_rejected_points_are_listed_counted_and_never_plotted(report):
