@@ -20,7 +20,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv deps wheelhouse sglang-venv replay lab-up lab-down demo check test lint unit suite-ids lab-server \
-	lab-tooling integration lab-tests molecule bench clean
+	lab-tooling integration lab-tests molecule bench sweep-ddtree clean
 
 help:
 	@echo "make demo      set up, bring up a lab host, deploy window=$(WINDOW), show the verified running arguments"
@@ -160,6 +160,22 @@ test: check
 
 bench: deps venv wheelhouse
 	$(BIN)/python bench/deploy_timings.py
+
+# The committed LAB RUN report docs/sweep/ddtree/ from the current code (docs/sweep.md): a lab host of its own
+# (lab$(SWEEP_DDTREE_INDEX)) with SGLang 0.5.23 deployed (the benchmark client), the seed's sweep (playbooks/sweep.yml's
+# example: DDTree budget x top-k at window 2048) on the lab DDTree build from a fresh state directory, the report
+# written into docs/sweep/ddtree/; the host is stopped whatever happened.
+SWEEP_DDTREE_INDEX ?= 60
+SWEEP_DDTREE_INVENTORY := inventory/lab/sweep-ddtree.yml
+SWEEP_DDTREE_STATE := $(CURDIR)/.sweep/ddtree-docs
+sweep-ddtree: deps venv wheelhouse replay
+	lab/labctl up --sglang-layer --hosts 1 --first-index $(SWEEP_DDTREE_INDEX) --inventory $(SWEEP_DDTREE_INVENTORY)
+	rc=0; { rm -rf $(SWEEP_DDTREE_STATE) \
+	  && $(BIN)/ansible-playbook -i $(SWEEP_DDTREE_INVENTORY) deploy.yml -e window=2048 \
+	  && $(BIN)/ansible-playbook -i $(SWEEP_DDTREE_INVENTORY) playbooks/sweep.yml -e @inventory/lab/ddtree.yml \
+	    -e sweep_name=ddtree -e sweep_state_dir=$(SWEEP_DDTREE_STATE) -e sweep_report_dir=$(CURDIR)/docs/sweep/ddtree \
+	    -e sweep_bench_python=/opt/sglang/venv/bin/python; } < /dev/null || rc=$$?; \
+	lab/labctl down --inventory $(SWEEP_DDTREE_INVENTORY); exit $$rc
 
 clean: lab-down
 	rm -rf $(VENV) .ansible .lab
