@@ -6,10 +6,10 @@ integration host. Tests run top to bottom on the module fixture's deploy:
   1. `-e @inventory/lab/ddtree.yml -e budget=8 -e topk=4 -e window=2048` verifies, prints where each value
      was read (top-k from the running process's environ), and the history records them;
   2. the same again is `changed=0` with the same InvocationID;
-  3. a two-point sweep of that build through playbooks/sweep.yml (budget 8 and 16 at top-k 4, window 2048,
-     the operator's configuration as the original): each point's row carries the acceptance length its
-     deploy's history record holds, and the original configuration is back at the end (docs/sweep.md; the
-     seed's whole sweep is `make sweep-ddtree`);
+  3. a one-point sweep of that build through playbooks/sweep.yml (budget 16 at top-k 4, window 2048; the
+     knobs the same, so the restore keeps that invocation): its row carries the acceptance length its
+     deploy's history record holds, above the fixture's budget 8 (docs/sweep.md; the seed's whole sweep is
+     `make sweep-ddtree`);
   4. `-e window=4096` restarts and the DFLASH draft runner line of the NEW invocation proves 4096;
   5. bad DDTree inputs fail naming the setting and leave that service exactly as it was.
 The fixture stops the DDTree service at the end (the other tests use sglang.service only).
@@ -91,14 +91,15 @@ def test_second_run_changes_nothing(lab_host, ddtree):
     assert state(lab_host)["InvocationID"] == ddtree["state"]["InvocationID"]
 
 
-# The sweep's two points: budget 8 is the configuration the fixture deployed (no restart: its invocation and
-# history record), budget 16 a wider tree (top-k 2 of SGLANG_DDTREE_MAX_TOPK 4 in PR #29907's sizing).
+# The sweep's point: budget 16 at top-k 4, window 2048, a wider tree than the fixture's budget 8 (top-k 2 of
+# SGLANG_DDTREE_MAX_TOPK 4 in PR #29907's sizing). The knobs give the same values as the original
+# configuration, so the restore at the end keeps the point's invocation (one restart in all).
 SWEEP_AXES = [
     {
         "name": "budget",
         "variable": "sglang_speculative_tree_budget",
         "arg": "speculative_ddtree_budget",
-        "values": [8, 16],
+        "values": [16],
     },
     {"name": "topk", "variable": "sglang_speculative_topk", "values": [4]},
 ]
@@ -111,7 +112,7 @@ SWEEP_BENCH = {
 }
 
 
-def test_sweep_points_report_the_acceptance_length_their_deploy_recorded(lab_host, ddtree, tmp_path):
+def test_sweep_point_reports_the_acceptance_length_its_deploy_recorded(lab_host, ddtree, tmp_path):
     state_dir = tmp_path / "sweep"
     extra = {
         "sweep_name": "ddtree-lab-test",
@@ -124,58 +125,43 @@ def test_sweep_points_report_the_acceptance_length_their_deploy_recorded(lab_hos
         "sglang_stable_seconds": 2,
         "sglang_health_count": 1,
     }
-    r = lab_host.playbook(
-        "-e",
-        DDTREE,
-        "-e",
-        "budget=8",
-        "-e",
-        "topk=4",
-        "-e",
-        "window=2048",
-        extra=extra,
-        playbook="playbooks/sweep.yml",
-    )
+    knobs = ["-e", "budget=16", "-e", "topk=4", "-e", "window=2048"]
+    r = lab_host.playbook("-e", DDTREE, *knobs, extra=extra, playbook="playbooks/sweep.yml")
     assert r.returncode == 0, flat(r)[-8000:]
     host_dir = state_dir / "hosts" / lab_host.name
-    records = {
-        rec["point"]["name"]: rec
-        for rec in (json.loads(p.read_text()) for p in (host_dir / "points").glob("*.json"))
-    }
-    assert set(records) == {"budget=8,topk=4", "budget=16,topk=4"}
+    (rec,) = [json.loads(p.read_text()) for p in (host_dir / "points").glob("*.json")]
+    assert rec["point"]["name"] == "budget=16,topk=4"
+    assert rec["result"] == "verified", rec.get("reason")
+    assert rec["running_args"]["speculative_ddtree_budget"] == 16
+    assert rec["sglang_version"] == "0.0.0.dev0+labreplay.ddtree.pr29907"  # the server benchmarked
+    assert rec["metrics"]["completed"] == SWEEP_BENCH["num_prompts"]
+    assert rec["invocation_id"] != ddtree["state"]["InvocationID"]  # the point restarted the build
     history = {h["invocation_id"]: h for h in lab_host.history() if h.get("invocation_id")}
-    for name, budget in (("budget=8,topk=4", 8), ("budget=16,topk=4", 16)):
-        rec = records[name]
-        assert rec["result"] == "verified", f"{name}: {rec.get('reason')}"
-        assert rec["running_args"]["speculative_ddtree_budget"] == budget
-        assert rec["sglang_version"] == "0.0.0.dev0+labreplay.ddtree.pr29907"  # the server benchmarked
-        deployed = history[rec["invocation_id"]]
-        assert deployed["unit"] == UNIT and deployed["result"] == "verified" and deployed["budget"] == budget
-        # the row's acceptance length is the one the deploy's probe recorded for this very invocation
-        assert rec["speculation"] == deployed["speculation"]
-        assert rec["speculation"]["stand_in"] is True and rec["speculation"]["accept_length"] > 1.0
-    # budget 8 is what the fixture deployed: measured on that invocation, not restarted
-    assert records["budget=8,topk=4"]["invocation_id"] == ddtree["state"]["InvocationID"]
-    assert records["budget=16,topk=4"]["invocation_id"] != ddtree["state"]["InvocationID"]
-    accept = {name: rec["speculation"]["accept_length"] for name, rec in records.items()}
-    assert accept["budget=16,topk=4"] > accept["budget=8,topk=4"]  # the wider tree accepts more (lab model)
+    deployed = history[rec["invocation_id"]]
+    assert deployed["unit"] == UNIT and deployed["result"] == "verified" and deployed["budget"] == 16
+    # the row's acceptance length is the one the deploy's probe recorded for this very invocation
+    assert rec["speculation"] == deployed["speculation"]
+    assert rec["speculation"]["stand_in"] is True
+    # the wider tree accepts more than the fixture's budget 8 (the lab server's model)
+    fixture = history[ddtree["state"]["InvocationID"]]["speculation"]
+    assert rec["speculation"]["accept_length"] > fixture["accept_length"] > 1.0
 
-    report = json.loads((host_dir.parents[1] / "report" / "sweep.json").read_text())
-    rows = {row["point"]: row for row in report["rows"]}
-    md = (host_dir.parents[1] / "report" / "sweep.md").read_text()
-    with open(host_dir.parents[1] / "report" / "sweep.csv", newline="") as handle:
-        csv_rows = {row["point"]: row for row in csv.DictReader(handle)}
-    for name, rec in records.items():
-        assert rows[name]["accept_length"] == rec["speculation"]["accept_length"]
-        assert rows[name]["invocation_id"] == rec["invocation_id"]
-        assert float(csv_rows[name]["accept_length"]) == rec["speculation"]["accept_length"]
-        line = next(ln for ln in md.splitlines() if ln.startswith(f"| {lab_host.name} | {name} |"))
-        assert line.rstrip(" |").endswith(f"{rec['speculation']['accept_length']:.2f}"), line
+    report_dir = state_dir / "report"
+    report = json.loads((report_dir / "sweep.json").read_text())
+    (row,) = report["rows"]
+    assert row["accept_length"] == rec["speculation"]["accept_length"]
+    assert row["invocation_id"] == rec["invocation_id"]
+    with open(report_dir / "sweep.csv", newline="") as handle:
+        (csv_row,) = csv.DictReader(handle)
+    assert float(csv_row["accept_length"]) == rec["speculation"]["accept_length"]
+    md = (report_dir / "sweep.md").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith(f"| {lab_host.name} | budget=16,topk=4 |"))
+    assert line.rstrip(" |").endswith(f"{rec['speculation']['accept_length']:.2f}"), line
     assert report["accept_length_note"] in md
 
     final = json.loads((host_dir / "sweep.json").read_text())
-    assert final["status"] == "restored" and final["running_args"]["speculative_ddtree_budget"] == 8
-    assert final["invocation_id"] == state(lab_host)["InvocationID"]
+    assert final["status"] == "restored" and final["running_args"]["speculative_ddtree_budget"] == 16
+    assert final["invocation_id"] == rec["invocation_id"] == state(lab_host)["InvocationID"]
 
 
 def test_window_4096_restarts_and_the_new_runner_line_proves_it(lab_host, ddtree):

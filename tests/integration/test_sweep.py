@@ -5,7 +5,7 @@ rejected up front, never deployed), a real interruption (the
 ansible-playbook process group is SIGKILLed after the first matrix point) and a resumed run, the original
 configuration back at the end, and the report (table, CSV, plots) checked against its JSON and the
 recorded points. The seed's DDTree sweep (the playbook's example) is planned controller-only in
-tests/unit/plugins/test_sglang_settings_check_points.py; two DDTree points run on the lab DDTree build in
+tests/unit/plugins/test_sglang_settings_check_points.py; a DDTree point runs on the lab DDTree build in
 tests/integration/test_ddtree.py.
 
 Host: the shared, deployed lab host of tests/integration/conftest.py (fixture lab_inventory: one per
