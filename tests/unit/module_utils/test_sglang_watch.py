@@ -73,6 +73,8 @@ KILLED_PROPS, KILLED_KG, _ = recorded("killed")
 RUNNING = KILLED_PROPS["InvocationID"]
 OFF = {"revert": False, "revert_count": 3, "revert_window": 600}
 ON = {"revert": True, "revert_count": 3, "revert_window": 600}
+# Two crashes of the verified invocation's successors within the revert window: the third makes a loop.
+LOOP = [verified(KILLED_KG), crash(KILLED_KG, "a" * 32, NOW - 100), crash(KILLED_KG, "b" * 32, NOW - 50)]
 
 # (id, case, changes to what the watch found, settings, action, result)
 CASES = [
@@ -110,11 +112,7 @@ CASES = [
         "crash-loop-of-files-not-known-good",
         "killed",
         {
-            "history": [
-                verified(KILLED_KG),
-                crash(KILLED_KG, "a" * 32, NOW - 100),
-                crash(KILLED_KG, "b" * 32, NOW - 50),
-            ],
+            "history": LOOP,
             "files_known_good": False,
         },
         ON,
@@ -124,13 +122,7 @@ CASES = [
     (
         "crash-loop-of-the-known-good-files",
         "killed",
-        {
-            "history": [
-                verified(KILLED_KG),
-                crash(KILLED_KG, "a" * 32, NOW - 100),
-                crash(KILLED_KG, "b" * 32, NOW - 50),
-            ]
-        },
+        {"history": LOOP},
         ON,
         "record",
         sw.CRASH_LOOP,
@@ -139,11 +131,7 @@ CASES = [
         "crash-loop-without-the-opt-in",
         "killed",
         {
-            "history": [
-                verified(KILLED_KG),
-                crash(KILLED_KG, "a" * 32, NOW - 100),
-                crash(KILLED_KG, "b" * 32, NOW - 50),
-            ],
+            "history": LOOP,
             "files_known_good": False,
         },
         OFF,
