@@ -119,7 +119,9 @@ def assert_named(lab_host, state, window: int) -> str:
     argv = lab_host.cmdline(state.main_pid)
     assert "--enable-metrics" in argv, argv
     assert json.loads(argv[argv.index("--extra-metric-labels") + 1]) == {"config_hash": named}, argv
-    samples = [line for line in lab_host.ssh(METRICS).stdout.splitlines() if line.startswith("sglang:")]
+    # SGLang's HTTP request metrics (http_request_metrics.py) carry endpoint, method and status only.
+    lines = lab_host.ssh(METRICS).stdout.splitlines()
+    samples = [line for line in lines if line.startswith("sglang:") and not line.startswith("sglang:http_")]
     assert samples and all(f'config_hash="{named}"' in line for line in samples), samples
     info = next(line for line in text.splitlines() if line.startswith("sglang_deploy_info{"))
     assert info == (
