@@ -14,15 +14,18 @@ rendered  {unit, env, config}: the sha256 of the files this pass renders (config
 want      version, install_source, remove_foreign_dropins, plan_account, routers (bool), and the paths the
           messages name: unit, pending_path, known_good_dir, marker_name, removed_dropins_dir.
 mode      check, plan, rollout (the first play of playbooks/sglang.yml over several hosts: a host with
-          anything to change waits for the rolling play).
+          anything to change waits for the rolling play), rolling (its second play: the hosts there restart),
+          canary ({bake: seconds, baseline: hosts left on the old configuration, decided: this run's canary
+          was judged or the operator decided it}).
 
 The plan: ``refusals`` (each message whole), ``install`` (what install.yml brings to the wanted state),
-``inspectable``, ``build_argv``, ``prepare`` (install.yml has work), ``files`` (which file changes;
-``current``: nothing to write; ``verified``: the files are the last verified ones), ``write``, ``apply``
-(apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired, text}, as kolla-ansible's
-compare_container returns its differences), ``restart_now``, ``defer``, ``tidy_releases``, ``prove``
-(verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the host is not converged, first
-first).
+``inspectable``, ``build_argv``, ``prepare`` (install.yml has work), ``canary_bakes`` (this host is the first
+batch of a rollout behind a router that bakes and is judged: playbooks/sglang.yml, tasks/canary.yml),
+``files`` (which file changes; ``current``: nothing to write; ``verified``: the files are the last verified
+ones), ``write``, ``apply`` (apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired,
+text}, as kolla-ansible's compare_container returns its differences), ``restart_now``, ``defer``,
+``tidy_releases``, ``prove`` (verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the
+host is not converged, first first).
 """
 
 from __future__ import annotations
@@ -266,6 +269,13 @@ def decide(probe, rendered, want, mode):
     )
     acts = not defer and not refused
     found = blockers(probe, install, refused, known_good)
+    # Not proven in the probe's call: the rolling play's hosts are there to restart, and a plan account is
+    # set up by install.yml in every pass.
+    if mode.get("rolling"):
+        found.insert(0, "the rolling play restarts this host")
+    if want.get("plan_account"):
+        found.insert(0, "the plan account is set up in every pass")
+    canary = mode.get("canary") or {}
     if rendered is not None:
         if not current:
             found.append("the files this pass renders are not the ones on disk")
@@ -299,6 +309,11 @@ def decide(probe, rendered, want, mode):
         "build_argv": build_argv,
         # install.yml has something to do: install, the plan account, check mode's note, the command line.
         "prepare": needed or check_only or plan_account or build_argv,
+        "canary_bakes": bool(mode.get("rolling"))
+        and bool(want.get("routers"))
+        and int(canary.get("bake") or 0) > 0
+        and int(canary.get("baseline") or 0) > 0
+        and not canary.get("decided"),
         "files": dict(changes, current=current, verified=verified),
         "write": write,
         # apply.yml has something to do: a write, a restart, or check mode's account of them.

@@ -177,6 +177,54 @@ CASES = [
         PLAN,
         dict(restart=["unit"], restart_now=False, write=True, converged=False, defer=False),
     ),
+    (
+        "canary: the first batch of a rolling play behind a router bakes",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 1, "decided": False}),
+        dict(canary_bakes=True, restart_now=True, defer=False),
+    ),
+    (
+        "canary: a later batch (the run's canary judged) does not bake",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 1, "decided": True}),
+        dict(canary_bakes=False, restart_now=True),
+    ),
+    (
+        "canary: no bake without a router, hosts left to compare with, or bake seconds",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": False},
+        dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 1, "decided": False}),
+        dict(canary_bakes=False),
+    ),
+    (
+        "canary: the last batch has nothing left on the old configuration",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 0, "decided": False}),
+        dict(canary_bakes=False),
+    ),
+    (
+        "canary: a bake of 0 s is no bake",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 0, "baseline": 1, "decided": False}),
+        dict(canary_bakes=False),
+    ),
+    (
+        "canary: the first play never bakes",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        dict(DEPLOY, canary={"bake": 600, "baseline": 1, "decided": False}),
+        dict(canary_bakes=False),
+    ),
 ]
 
 
@@ -267,6 +315,11 @@ def test_the_probe_proves_only_a_host_with_nothing_blocking():
     assert decide(pending, None, {}, {})["blockers"][0] == "a pending marker is there"
     dropin = recorded("check-foreign-dropin")
     assert "the unit has drop-ins" in decide(dropin, None, {}, {})["blockers"]
+    # Policy, not the host: the rolling play's hosts restart, a plan account is set up in every pass.
+    assert decide(probe, None, {}, {"rolling": True})["blockers"] == ["the rolling play restarts this host"]
+    assert decide(probe, None, {"plan_account": True}, {})["blockers"] == [
+        "the plan account is set up in every pass"
+    ]
     incomplete = recorded("check-new-dependencies")
     assert decide(incomplete, None, {}, {})["blockers"][:2] == [
         "the command line was not built",

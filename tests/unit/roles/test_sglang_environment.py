@@ -184,10 +184,8 @@ def test_the_verification_passes_that_environment():
     # The host probe's own proof builds it from the same base (main.yml; sglang_host_probe's prove).
     main = yaml.safe_load((TASKS / "main.yml").read_text())
     probe = next(t for t in main if "block" in t)["block"][0]
-    assert (
-        probe["sglang_host_probe"]["prove"] == "{{ __sglang_probe_prove if __sglang_probe_prove else omit }}"
-    )
-    assert "'base': __sglang_running_base" in ROLE_VARS["__sglang_probe_prove"]
+    assert probe["sglang_host_probe"]["prove"] == "{{ __sglang_probe_prove }}"
+    assert ROLE_VARS["__sglang_probe_prove"]["base"] == "{{ __sglang_running_base }}"
     # Every call of the assertion in verify.yml passes that one dict or its expected_env.
     calls = 0
     for task in VERIFY:
