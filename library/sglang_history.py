@@ -158,21 +158,10 @@ from ansible.module_utils.sglang_history import (  # noqa: E402
     KNOWN_GOOD_OPTIONS,
     TEXTFILE_OPTIONS,
     NotRecorded,
+    read_records,
     write,
 )
-from ansible.module_utils.sglang_journal import parse_json_lines  # JSON lines, one object a line
 from ansible.module_utils.sglang_redact import redact  # noqa: E402
-
-
-def read_records(path, limit):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            records, skipped = parse_json_lines(fh.read())
-    except FileNotFoundError:
-        return [], 0
-    if limit >= 0:
-        records = records[-limit:] if limit else []
-    return records, skipped
 
 
 def main():

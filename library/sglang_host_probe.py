@@ -550,6 +550,7 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_argv_run import BUILD_OPTIONS, command_line, discovered
 from ansible.module_utils.sglang_decide import decide
+from ansible.module_utils.sglang_files import file_digest, sha256_of
 from ansible.module_utils.sglang_lock import (
     TAKE_OPTIONS,
     LockError,
@@ -796,14 +797,6 @@ def planted_links(paths, home):
     return found
 
 
-def file_digest(path, algorithm):
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def file_good(item):
     try:
         st = os.lstat(item["path"])
@@ -836,13 +829,6 @@ def account_exists(name):
         return not name or bool(pwd.getpwnam(name))
     except KeyError:
         return False
-
-
-def sha256_of(path):
-    try:
-        return file_digest(path, "sha256")
-    except OSError:
-        return None
 
 
 def mode_ok(item):

@@ -1,13 +1,32 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Atomic, durable file replacement for the files a deploy writes (unit, environment file, the kept
-previous and known-good copies): shared by sglang_unit, sglang_history, sglang_known_good and the
-boot-time heal script (roles/sglang/files/sglang-deploy-heal, which the role installs this file beside)."""
+previous and known-good copies), and the digest of a file: shared by sglang_unit, sglang_history,
+sglang_known_good, sglang_host_probe and the host scripts (roles/sglang/files/sglang-deploy-heal and
+sglang-deploy-watch, which the role installs this file beside)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+
+
+def file_digest(path, algorithm):
+    """Hex digest of the file at ``path``, read in 1 MiB blocks; OSError when it cannot be read."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_of(path):
+    """The file's sha256, or None when it cannot be read (missing, unreadable)."""
+    try:
+        return file_digest(path, "sha256")
+    except OSError:
+        return None
 
 
 def fsync_dir(directory):

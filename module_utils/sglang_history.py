@@ -17,6 +17,7 @@ import shutil
 import time
 
 from ansible.module_utils.sglang_files import fsync_dir, replace_file
+from ansible.module_utils.sglang_journal import parse_json_lines
 from ansible.module_utils.sglang_redact import redact
 
 # The options of known_good (argument spec), the same in both modules.
@@ -52,6 +53,18 @@ TEXTFILE_LABELS = (
     ("sglang_version", "sglang_version"),
     ("result", "result"),
 )
+
+
+def read_records(path, limit):
+    """The last ``limit`` records (all with a negative limit), and how many lines were not records."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            records, skipped = parse_json_lines(fh.read())
+    except FileNotFoundError:
+        return [], 0
+    if limit >= 0:
+        records = records[-limit:] if limit else []
+    return records, skipped
 
 
 def now_utc():
