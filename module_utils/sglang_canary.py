@@ -230,16 +230,20 @@ def verdict(canary, baseline, limits=None, min_requests=200):
     }
 
 
-def describe(check):
-    """One line per judged figure: canary against the unchanged hosts and the limit."""
-    rule = {
+def limit_text(check):
+    """What a judged figure had to be, in words (the verdict's reason, the apply comment)."""
+    return {
         "above": "at most the unchanged hosts' + {limit:g}",
         "times": "at most {limit:g}x the unchanged hosts'",
         "below": "at least {limit:g}x the unchanged hosts'",
-    }[check["rule"]]
+    }[check["rule"]].format(limit=check["limit"])
+
+
+def describe(check):
+    """One line per judged figure: canary against the unchanged hosts and the limit."""
     if check["result"] == "no_data":
         return f"{check['metric']}: no data"
     return (
         f"{check['metric']} {check['canary']:.4g} (unchanged hosts {check['baseline']:.4g}; "
-        f"{rule.format(limit=check['limit'])}: {check['result']})"
+        f"{limit_text(check)}: {check['result']})"
     )

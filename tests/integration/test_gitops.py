@@ -424,10 +424,17 @@ def test_apply_deploys_and_verifies_the_change(host, clone, tmp_path):
     assert r.returncode == 0, f"apply failed:\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}"
     record = json.loads((tmp_path / "out" / "apply.json").read_text())
     assert record["commit"] == clone["head"] and record["status"] == "verified"
+    # The merged pull request's apply comment: the host restarted onto the head's window.
+    comment = (tmp_path / "out" / "apply.md").read_text()
+    assert comment.startswith("<!-- sglang-gitops-apply -->\n")
+    assert f"## SGLang deploy applied and verified: `{clone['head'][:12]}`" in comment
+    assert re.search(
+        r"^\| \S+ \| verified, restarted \| config [0-9a-f]{12}, window 4096 \| - \|", comment, re.M
+    ), comment
     after = host.state()
     assert after["InvocationID"] != before["InvocationID"] and after["ActiveState"] == "active"
     assert host.server_info(SECRET_B)["speculative_draft_window_size"] == 4096
-    no_secret(r.stdout, r.stderr, (tmp_path / "out" / "apply-ansible.log").read_text())
+    no_secret(r.stdout, r.stderr, (tmp_path / "out" / "apply-ansible.log").read_text(), comment)
     # In sync with git right after the apply: drift exits 0 and the host is untouched.
     d = drift(clone, tmp_path / "drift")
     assert d.returncode == 0, f"drift right after apply:\n{d.stdout}\n{d.stderr}"

@@ -27,8 +27,13 @@ from pathlib import Path
 
 import names
 
+# The canary's own words for its limits (module_utils is standard library only).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "module_utils"))
+import sglang_canary  # noqa: E402
+
 PLAN_MARKER = "<!-- sglang-gitops-plan -->"
 DRIFT_MARKER = "<!-- sglang-gitops-drift -->"
+APPLY_MARKER = "<!-- sglang-gitops-apply -->"
 # GitHub refuses comment and issue bodies over 65536 characters.
 BODY_LIMIT = 60000
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -557,13 +562,26 @@ def plan_context(meta: dict, reports: dict[str, dict], notes: list[str]) -> dict
     }
 
 
-def render_plan(meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
-    """The plan comment from templates/plan-comment.md.j2 (of the checkout this tool runs from)."""
+def clip(body: str) -> str:
+    if len(body) > BODY_LIMIT:
+        body = body[: BODY_LIMIT - 200] + "\n\n... (truncated; the full report is in the job's artifacts)\n"
+    return body
+
+
+def significant(value) -> str:
+    """A canary figure in four significant digits, '-' when there was none."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def comment_template(name: str):
+    """templates/<name> (of the checkout this tool runs from) with the Markdown filters: fence (a code block
+    that survives any backticks in its text), md_escape (a table cell), fmt (a value as the server reports
+    it), significant (a figure)."""
     try:
         import jinja2
     except ImportError as exc:
         raise GitopsError(
-            f"the plan comment is a Jinja template ({exc}): run with the controller virtualenv (make venv)"
+            f"the comments are Jinja templates ({exc}): run with the controller virtualenv (make venv)"
         ) from None
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -571,11 +589,23 @@ def render_plan(meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(fence=fence, md_escape=md_escape, fmt=fmt)
-    body = env.get_template("plan-comment.md.j2").render(**plan_context(meta, reports, notes))
-    if len(body) > BODY_LIMIT:
-        body = body[: BODY_LIMIT - 200] + "\n\n... (truncated; the full report is in the job's artifacts)\n"
-    return body
+    env.filters.update(fence=fence, md_escape=md_escape, fmt=fmt, significant=significant)
+    return env.get_template(name)
+
+
+def render_plan(meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
+    """The plan comment from templates/plan-comment.md.j2."""
+    return clip(comment_template("plan-comment.md.j2").render(**plan_context(meta, reports, notes)))
+
+
+def render_apply(record: dict, rows: list[dict], canary: dict | None, resume: str) -> str:
+    """The apply comment from templates/apply-comment.md.j2: what tools/gitops/apply recorded (apply.json),
+    each host's row of tools/rollout_status.py and the canary's verdict with its figures and thresholds."""
+    if canary and canary.get("checks"):
+        checks = [{**check, "limit_text": sglang_canary.limit_text(check)} for check in canary["checks"]]
+        canary = {**canary, "checks": checks}
+    template = comment_template("apply-comment.md.j2")
+    return clip(template.render(marker=APPLY_MARKER, record=record, rows=rows, canary=canary, resume=resume))
 
 
 def render(mode: str, meta: dict, reports: dict[str, dict], notes: list[str]) -> str:
@@ -622,10 +652,7 @@ def render(mode: str, meta: dict, reports: dict[str, dict], notes: list[str]) ->
         head.append("<details><summary>Files changed between base and head</summary>\n")
         head.append(fence("\n".join(meta["changed_files"])))
         head.append("</details>\n")
-    body = "\n".join(head) + "\n" + "".join(host_section(h, r, mode) for h, r in reports.items())
-    if len(body) > BODY_LIMIT:
-        body = body[: BODY_LIMIT - 200] + "\n\n... (truncated; the full report is in the job's artifacts)\n"
-    return body
+    return clip("\n".join(head) + "\n" + "".join(host_section(h, r, mode) for h, r in reports.items()))
 
 
 def summary(mode: str, meta: dict, reports: dict[str, dict], rc: int) -> dict:

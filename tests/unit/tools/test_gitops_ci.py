@@ -56,6 +56,56 @@ def test_gitlab_note_is_found_by_marker_and_author(publish):
     ]
 
 
+@pytest.mark.parametrize("state, writes", [("merged", 1), ("opened", 0)])
+def test_gitlab_apply_note_goes_to_the_merge_request_merged_as_the_commit(
+    publish, tmp_path, monkeypatch, state, writes
+):
+    module, calls = publish
+    recorded = json.loads((FIXTURES / "commit-merge-requests.json").read_text())
+    # The recorded merge request !35 as recorded (merged) or turned into an open one; an open one beside it.
+    merge_requests = [{**recorded[0], "state": state}, {**recorded[0], "iid": 36, "state": "opened"}]
+    notes = json.loads((FIXTURES / "mr-notes.json").read_text())
+    answers = {
+        "/projects/17/repository/commits/c0ffee/merge_requests": merge_requests,
+        "/projects/17/merge_requests/35/notes?sort=asc": notes,
+    }
+    monkeypatch.setattr(module, "paged", lambda path: answers[path])
+    body = tmp_path / "apply.md"
+    body.write_text("<!-- sglang-gitops-apply -->\n## SGLang deploy applied and verified: `c0ffee`\n")
+    argv = ["publish", "gitlab-merged-note", "--body-file", str(body), "--commit", "c0ffee"]
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.delenv("CI_MERGE_REQUEST_IID")  # a push pipeline of main has none
+    assert module.main() == 0
+    # The bot has no apply note on !35 yet (its plan note has another marker): one is posted, on !35 only.
+    assert [c for c in calls if c[0] != "GET"] == [
+        ("POST", "/projects/17/merge_requests/35/notes", {"body": body.read_text()})
+    ][:writes]
+
+
+def test_github_apply_comment_goes_to_the_merged_pull_request_without_a_checkout():
+    deploy = load(WORKFLOWS / "deploy.yml")
+    comment = deploy["jobs"]["comment"]
+    assert comment["needs"] == "apply"
+    assert comment["permissions"] == {"contents": "read", "pull-requests": "write"}
+    assert "actions/checkout" not in json.dumps(comment)
+    download = next(
+        s for s in comment["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact@")
+    )
+    upload = next(
+        s
+        for s in deploy["jobs"]["apply"]["steps"]
+        if str(s.get("uses", "")).startswith("actions/upload-artifact@")
+    )
+    assert download["with"]["name"] == upload["with"]["name"]
+    step = next(s for s in comment["steps"] if "run" in s and "gh api" in s["run"])
+    assert (
+        step["env"]["MARKER"] == "<!-- sglang-gitops-apply -->"
+        and step["env"]["BOT"] == "github-actions[bot]"
+    )
+    assert "repos/$REPO/commits/$SHA/pulls" in step["run"] and "select(.merged_at != null)" in step["run"]
+    assert ".user.login == env.BOT" in step["run"] and "startswith(env.MARKER)" in step["run"]
+
+
 def load(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
