@@ -107,10 +107,14 @@ def parse_show(text):
     return props
 
 
+def show_command(systemctl, unit, props=RESTART_PROPERTIES):
+    """``systemctl show`` of ``props`` of ``unit``; run it with LANG=C, LC_ALL=C for ``parse_show``."""
+    return [systemctl, "show", "-p", ",".join(props), "--", unit]
+
+
 def show(module, unit, props=RESTART_PROPERTIES, systemctl=None):
     """Return ``parse_show`` of ``systemctl show -p <props> UNIT``; raise SystemctlError on failure."""
-    systemctl = systemctl or module.get_bin_path("systemctl", required=True)
-    cmd = [systemctl, "show", "-p", ",".join(props), "--", unit]
+    cmd = show_command(systemctl or module.get_bin_path("systemctl", required=True), unit, props)
     rc, out, err = module.run_command(cmd, environ_update={"LANG": "C", "LC_ALL": "C"})
     if rc != 0:
         raise SystemctlError(f"{' '.join(cmd)} failed (rc={rc}): {(err or out).strip()}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 import re
 
+from ansible.module_utils.sglang_systemd import as_int
+
 # Results of the watch's history records.
 CRASHED = "crashed_after_verify"
 RESTARTED = "restarted_outside_deploy"
@@ -32,13 +34,6 @@ KERNEL_AFTER_S = 60
 
 def norm_id(value):
     return str(value or "").replace("-", "").strip().lower()
-
-
-def as_int(value, default=0):
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return default
 
 
 def parse_utc(text):
