@@ -29,6 +29,8 @@ import re
 
 GENERATION_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/generate")
 VERDICTS = ("Successful", "Failed", "Inconclusive")
+# How an operator resumes a rollout held after an Inconclusive verdict (the role's messages, the reports).
+RESUME = "resume with -e canary=promote (roll on) or -e canary=abort (roll the canary back)"
 
 # Each figure's rule against the unchanged hosts: "above" fails a canary figure above baseline + limit
 # (ratios, absolute), "times" above baseline * limit (latencies), "below" below baseline * limit.
@@ -247,3 +249,30 @@ def describe(check):
         f"{check['metric']} {check['canary']:.4g} (unchanged hosts {check['baseline']:.4g}; "
         f"{limit_text(check)}: {check['result']})"
     )
+
+
+def hold(word, held, hosts):
+    """What the first play does about a held rollout, before anything changes.
+
+    ``word``: the operator's ``-e canary`` (None when not given); ``held``: ``[host, marker]`` of each of the
+    play's ``hosts`` that holds a marker (the verdict canary.yml wrote: its ``reason``). Returns ``refusal``
+    (the run fails with it, nothing changed) or what to do: ``abort`` (roll the held canary back, end the run)
+    or ``promote`` (roll on without a new bake)."""
+    refusal = None
+    if word is not None and word not in ("promote", "abort"):
+        refusal = f"canary must be promote or abort (got {word}); nothing was changed"
+    elif held and word is None:
+        names = ", ".join(host for host, _ in held)
+        reason = (held[0][1] or {}).get("reason") or "no reason recorded"
+        refusal = (
+            f"The rollout is HOLDING after an Inconclusive canary verdict on {names}: {reason}. "
+            f"{RESUME[0].upper()}{RESUME[1:]}; nothing was changed."
+        )
+    elif word is not None and not held:
+        refusal = f"canary={word}: no rollout is held on {', '.join(hosts)}; nothing was changed"
+    return {
+        "refusal": refusal,
+        "abort": refusal is None and word == "abort",
+        "promote": refusal is None and word == "promote",
+        "held": [host for host, _ in held],
+    }

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESUME = "resume with -e canary=promote (roll on) or -e canary=abort (roll the canary back)"
+# The canary's own words for how a held rollout resumes (module_utils is standard library only).
+sys.path.insert(0, str(REPO / "module_utils"))
+from sglang_canary import RESUME  # noqa: E402
 
 
 def phase(host, report, canary):

@@ -5,6 +5,8 @@ operator can get wrong."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ansible.module_utils import sglang_canary as sc
 from conftest import FIXTURES
@@ -136,3 +138,64 @@ def test_label_values_are_unescaped_as_prometheus_writes_them():
 def test_a_worker_url_is_the_routers():
     assert sc.worker_url("10.214.0.200", 30000) == CANARY
     assert sc.worker_url("fd00::1", 30000) == "http://[fd00::1]:30000"
+
+
+# A held rollout's marker: the Inconclusive verdict recorded on the lab fleet (reports/inconclusive).
+HELD = json.loads((C / "reports" / "inconclusive" / "canary.json").read_text())
+HOSTS = ["lab200", "lab201"]
+RESUMED = (
+    "Resume with -e canary=promote (roll on) or -e canary=abort (roll the canary back); nothing was changed."
+)
+
+
+@pytest.mark.parametrize(
+    "word, held, refusal, abort, promote",
+    [
+        (None, [], None, False, False),  # nothing held, no word: the run goes on
+        (
+            None,
+            [["lab200", HELD]],
+            "The rollout is HOLDING after an Inconclusive canary verdict on lab200: "
+            + HELD["reason"]
+            + ". "
+            + RESUMED,
+            False,
+            False,
+        ),
+        ("promote", [["lab200", HELD]], None, False, True),
+        ("abort", [["lab200", HELD]], None, True, False),
+        (
+            "promote",
+            [],
+            "canary=promote: no rollout is held on lab200, lab201; nothing was changed",
+            False,
+            False,
+        ),
+        (
+            "abort",
+            [],
+            "canary=abort: no rollout is held on lab200, lab201; nothing was changed",
+            False,
+            False,
+        ),
+        (
+            "yes",
+            [["lab200", HELD]],
+            "canary must be promote or abort (got yes); nothing was changed",
+            False,
+            False,
+        ),
+        ("", [], "canary must be promote or abort (got ); nothing was changed", False, False),
+        (
+            None,
+            [["lab200", {}]],
+            "The rollout is HOLDING after an Inconclusive canary verdict on lab200: no reason "
+            "recorded. " + RESUMED,
+            False,
+            False,
+        ),
+    ],
+)
+def test_a_held_rollout_goes_on_only_on_the_operators_word(word, held, refusal, abort, promote):
+    plan = sc.hold(word, held, HOSTS)
+    assert plan == {"refusal": refusal, "abort": abort, "promote": promote, "held": [h for h, _ in held]}
