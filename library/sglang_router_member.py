@@ -28,8 +28,9 @@ description:
   - C(state=present) - adds the worker with O(labels) and waits until the router lists it C(ready) with
     those labels. A worker already listed with other labels (the router keeps a restarted worker's old
     labels) is removed and added again.
-  - With O(service), the router's systemd service on the host the module runs on is asked first; a router
-    whose service is not active is left alone (C(router_running=false)), in either state.
+  - C(state=query) - reads the router's list and changes nothing; fails naming the router when it cannot be
+    reached or does not answer C(GET /workers) with its list. A rollout checks every router this way before
+    a worker leaves any; a router that is down is never left out.
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
@@ -50,9 +51,11 @@ options:
     type: str
     default: ''
   state:
-    description: C(absent) - out of the router and drained; C(present) - in the router and ready.
+    description:
+      - C(absent) - out of the router and drained; C(present) - in the router and ready; C(query) - the
+        router answers with its list (nothing changed).
     type: str
-    choices: [absent, present]
+    choices: [absent, present, query]
     required: true
   labels:
     description: Labels the worker is added with (e.g. its invocation id), all strings.
@@ -81,12 +84,6 @@ options:
         set for this worker before the C(DELETE)); covers a request routed to the worker just before it.
     type: int
     default: 1
-  service:
-    description:
-      - The router's systemd service (e.g. C(sglang-router.service)) on the host the module runs on; empty,
-        not asked.
-    type: str
-    default: ''
   poll_interval:
     description: Seconds between two polls.
     type: float
@@ -154,11 +151,11 @@ drain_seconds:
   returned: always
   type: float
   sample: 2.5
-router_running:
-  description: Whether the router's O(service) was active (always true without O(service)).
-  returned: always
-  type: bool
-  sample: true
+workers_ready:
+  description: With C(state=query), how many workers the router lists C(ready).
+  returned: when state is query
+  type: int
+  sample: 2
 labels:
   description: The worker's labels in the router at the end (present).
   returned: when state is present
@@ -203,6 +200,14 @@ def http(method: str, url: str, key: str = "", body: dict | None = None, timeout
         return status, json.loads(raw)
     except ValueError:
         return status, raw.decode(errors="replace").strip()
+
+
+def workers_of(router: str, status: int, body) -> list[dict]:
+    """The router's worker list from its answer to GET /workers; any other answer (a wrong admin key's 401,
+    a router still starting) raises RouterError naming the router and the status."""
+    if status != 200 or not isinstance(body, dict) or not isinstance(body.get("workers"), list):
+        raise RouterError(f"router {router} answered GET /workers with {status}: {str(body)[:300]}")
+    return body["workers"]
 
 
 def same_url(a: str, b: str) -> bool:
@@ -290,15 +295,11 @@ class Member:
             "drained": False,
             "requests_cut": 0,
             "drain_seconds": 0.0,
-            "router_running": True,
         }
         self.deleted_at = time.monotonic()
 
     def workers(self) -> list[dict]:
-        status, body = http("GET", f"{self.router}/workers", self.p["router_api_key"])
-        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("workers"), list):
-            raise RouterError(f"router {self.router} answered GET /workers with {status}: {str(body)[:300]}")
-        return body["workers"]
+        return workers_of(self.router, *http("GET", f"{self.router}/workers", self.p["router_api_key"]))
 
     def mine(self, workers: list[dict]) -> dict | None:
         found = [w for w in workers if same_url(str(w.get("url", "")), self.p["worker_url"])]
@@ -435,6 +436,20 @@ class Member:
             "(drain_policy=fail)"
         )
 
+    def query(self) -> None:
+        try:
+            workers = self.workers()
+        except RouterError as err:
+            raise RouterError(
+                f"cannot reach router {self.router} before {self.p['worker_url']} leaves any router: {err}. "
+                "Nothing was touched: start the router (or take its host out of group routers) and run again"
+            ) from None
+        worker = self.mine(workers)
+        self.result.update(
+            status=worker.get("status") if worker else "absent",
+            workers_ready=sum(1 for w in workers if w.get("status") == "ready"),
+        )
+
     def present(self) -> None:
         worker = self.mine(self.workers())
         if worker and worker.get("status") == "ready" and self.labelled(worker):
@@ -457,7 +472,7 @@ def main() -> None:
             "router_api_key": {"type": "str", "default": "", "no_log": True},
             "worker_url": {"type": "str", "required": True},
             "worker_api_key": {"type": "str", "default": "", "no_log": True},
-            "state": {"type": "str", "choices": ["absent", "present"], "required": True},
+            "state": {"type": "str", "choices": ["absent", "present", "query"], "required": True},
             "labels": {"type": "dict", "default": {}},
             "drain_timeout": {"type": "float", "default": 300},
             "drain_policy": {"type": "str", "choices": ["fail", "force"], "default": "fail"},
@@ -465,7 +480,6 @@ def main() -> None:
             "timeout": {"type": "float", "default": 120},
             "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
-            "service": {"type": "str", "default": ""},
             "lock_dir": {"type": "path", "default": "/run/sglang-deploy"},
         },
         supports_check_mode=True,
@@ -478,12 +492,8 @@ def main() -> None:
         if p[name] < 0:
             module.fail_json(msg=f"{name} must be >= 0, got {p[name]}")
     member = Member(p, module.check_mode)
-    if p["service"]:
-        _rc, out, _err = module.run_command(["systemctl", "is-active", p["service"]])
-        if out.strip() != "active":
-            module.exit_json(**dict(member.result, router_running=False, status="router not running"))
     try:
-        member.present() if p["state"] == "present" else member.absent()
+        getattr(member, p["state"])()
     except RouterError as err:
         module.fail_json(msg=str(err), **member.result)
     module.exit_json(**member.result)

@@ -141,15 +141,62 @@ def test_absent_removes_confirms_gone_and_drains_by_the_workers_load():
     assert all(w["url"] != MINE["url"] for w in router.workers) and first_load > 2
 
 
-def test_a_router_whose_service_does_not_run_is_left_alone():
-    """With ``service``, systemd is asked first (this test machine has no running sglang-router.service: the
-    real systemctl, or its absence, says so); the router is not called at all."""
-    router = FakeRouter(TWO)
-    for state in ("absent", "present"):
-        result = run(router, state=state, service="sglang-router-test-absent.service")
-        assert not result.get("failed") and result["changed"] is False, result
-        assert result["router_running"] is False and result["status"] == "router not running"
-    assert router.calls == []
+class AnsweringRouter:
+    """A router that answers GET /workers with one recorded answer and is asked nothing else."""
+
+    def __init__(self, answer: dict):
+        self.answer, self.calls = answer, []
+
+    def __call__(self, method, url, key="", body=None, timeout=10.0):
+        self.calls.append((method, url))
+        assert (method, url) == ("GET", ROUTER + "/workers"), (method, url)
+        return self.answer["status"], copy.deepcopy(self.answer["body"])
+
+
+# Which routers a leaving worker may go on with (every one of group routers must answer), over smg 1.13.0's
+# recorded answers: (answer, reachable, the worker's status there, ready workers, what a refusal names).
+REACHABLE = [
+    ("get_workers_two_ready", True, "ready", 2, None),
+    ("get_workers_one_ready", True, "absent", 1, None),  # the other worker only
+    ("get_workers_empty", True, "absent", 0, None),
+    ("get_workers_no_key", False, None, None, "answered GET /workers with 401: Missing or invalid"),
+    ("readiness_no_workers", False, None, None, "answered GET /workers with 503"),
+]
+
+
+@pytest.mark.parametrize(("name", "reachable", "status", "ready", "refusal"), REACHABLE)
+def test_query_decides_whether_a_router_answers_over_recorded_answers(
+    name, reachable, status, ready, refusal
+):
+    router = AnsweringRouter(recorded(name))
+    result = run(router, state="query")
+    assert result["changed"] is False and router.calls == [("GET", ROUTER + "/workers")]
+    if reachable:
+        assert not result.get("failed"), result
+        assert result["status"] == status and result["workers_ready"] == ready
+    else:
+        assert result["failed"] and refusal in result["msg"], result
+        assert result["msg"].startswith(
+            f"cannot reach router {ROUTER} before {MINE['url']} leaves any router"
+        )
+        assert "Nothing was touched" in result["msg"]
+
+
+def test_query_of_a_router_that_does_not_listen_fails_naming_it():
+    """A router host whose service is stopped: nothing listens on its port (a real closed port here)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: connection refused
+    module = load_module("sglang_router_member")
+    params = {"router_url": f"http://127.0.0.1:{port}", "worker_url": MINE["url"], "state": "query"}
+    result, _ = call_main(module, params)
+    assert result["failed"], result
+    assert (
+        f"cannot reach router http://127.0.0.1:{port} before {MINE['url']} leaves any router" in result["msg"]
+    )
+    assert "Connection refused" in result["msg"]
 
 
 def test_absent_twice_is_unchanged():
