@@ -164,7 +164,9 @@ REACHABLE = [
 ]
 
 
-@pytest.mark.parametrize(("name", "reachable", "status", "ready", "refusal"), REACHABLE)
+@pytest.mark.parametrize(
+    ("name", "reachable", "status", "ready", "refusal"), REACHABLE, ids=[r[0] for r in REACHABLE]
+)
 def test_query_decides_whether_a_router_answers_over_recorded_answers(
     name, reachable, status, ready, refusal
 ):
