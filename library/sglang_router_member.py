@@ -30,7 +30,9 @@ description:
     labels) is removed and added again.
   - C(state=query) - reads the router's list and changes nothing; fails naming the router when it cannot be
     reached or does not answer C(GET /workers) with its list. A rollout checks every router this way before
-    a worker leaves any; a router that is down is never left out.
+    a worker leaves any; a router that is down is never left out. With O(service), a router whose unit is not
+    installed on the host (systemd C(LoadState=not-found), as on the fleet's first deploy, before the router
+    play) has no worker to leave (C(installed=false)); one that is installed must answer, running or not.
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
@@ -84,6 +86,12 @@ options:
         set for this worker before the C(DELETE)); covers a request routed to the worker just before it.
     type: int
     default: 1
+  service:
+    description:
+      - With C(state=query), the router's systemd unit on the host the module runs on (e.g.
+        C(sglang-router.service)); empty, the router must answer whatever systemd says.
+    type: str
+    default: ''
   poll_interval:
     description: Seconds between two polls.
     type: float
@@ -151,6 +159,11 @@ drain_seconds:
   returned: always
   type: float
   sample: 2.5
+installed:
+  description: With C(state=query), whether the router's O(service) is installed (always true without it).
+  returned: when state is query
+  type: bool
+  sample: true
 workers_ready:
   description: With C(state=query), how many workers the router lists C(ready).
   returned: when state is query
@@ -208,6 +221,12 @@ def workers_of(router: str, status: int, body) -> list[dict]:
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("workers"), list):
         raise RouterError(f"router {router} answered GET /workers with {status}: {str(body)[:300]}")
     return body["workers"]
+
+
+def unit_installed(show: str) -> bool:
+    """Whether ``systemctl show -p LoadState`` output names an installed unit (not-found: never installed)."""
+    fields = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+    return fields.get("LoadState", "") != "not-found"
 
 
 def same_url(a: str, b: str) -> bool:
@@ -436,7 +455,10 @@ class Member:
             "(drain_policy=fail)"
         )
 
-    def query(self) -> None:
+    def query(self, show: str = "") -> None:
+        if not unit_installed(show):
+            self.result.update(status="absent", installed=False, workers_ready=0)
+            return
         try:
             workers = self.workers()
         except RouterError as err:
@@ -447,6 +469,7 @@ class Member:
         worker = self.mine(workers)
         self.result.update(
             status=worker.get("status") if worker else "absent",
+            installed=True,
             workers_ready=sum(1 for w in workers if w.get("status") == "ready"),
         )
 
@@ -480,6 +503,7 @@ def main() -> None:
             "timeout": {"type": "float", "default": 120},
             "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
+            "service": {"type": "str", "default": ""},
             "lock_dir": {"type": "path", "default": "/run/sglang-deploy"},
         },
         supports_check_mode=True,
@@ -493,7 +517,13 @@ def main() -> None:
             module.fail_json(msg=f"{name} must be >= 0, got {p[name]}")
     member = Member(p, module.check_mode)
     try:
-        getattr(member, p["state"])()
+        if p["state"] == "query" and p["service"]:
+            rc, show, err = module.run_command(["systemctl", "show", "-p", "LoadState", "--", p["service"]])
+            if rc != 0:
+                module.fail_json(msg=f"systemctl show {p['service']} failed ({rc}): {err.strip()}")
+            member.query(show)
+        else:
+            getattr(member, p["state"])()
     except RouterError as err:
         module.fail_json(msg=str(err), **member.result)
     module.exit_json(**member.result)

@@ -184,6 +184,42 @@ def test_query_decides_whether_a_router_answers_over_recorded_answers(
         assert "Nothing was touched" in result["msg"]
 
 
+# Whether a router has a worker to leave, over systemd 252's recorded `systemctl show` (fixtures/systemd/):
+# never installed (the fleet's first deploy) - nothing to leave; installed, running or not - it must answer.
+INSTALLED = [
+    ("unit-show-not-found.txt", False),
+    ("healthy/show.txt", True),  # loaded, active
+    ("stale-after/show.txt", True),  # loaded, failed: installed and down, the rollout must stop
+]
+
+
+@pytest.mark.parametrize(("name", "installed"), INSTALLED, ids=[r[0] for r in INSTALLED])
+def test_query_with_service_leaves_out_only_a_router_never_installed(monkeypatch, name, installed):
+    show = (FIXTURES / "systemd" / name).read_text()
+    module = load_module("sglang_router_member")
+    assert module.unit_installed(show) is installed
+    asked = []
+
+    def systemctl(_self, argv, **_kw):
+        asked.append(argv)
+        return 0, show, ""
+
+    monkeypatch.setattr(module.AnsibleModule, "run_command", systemctl)
+    router = AnsweringRouter({"status": 200, "body": {"workers": TWO}}) if installed else FakeRouter([])
+    module.http = router
+    params = {
+        "router_url": ROUTER,
+        "worker_url": MINE["url"],
+        "state": "query",
+        "service": "sglang-router.service",
+    }
+    result, _ = call_main(module, params)
+    assert asked == [["systemctl", "show", "-p", "LoadState", "--", "sglang-router.service"]]
+    assert not result.get("failed") and result["changed"] is False, result
+    assert result["installed"] is installed
+    assert router.calls == ([("GET", ROUTER + "/workers")] if installed else [])
+
+
 def test_query_of_a_router_that_does_not_listen_fails_naming_it():
     """A router host whose service is stopped: nothing listens on its port (a real closed port here)."""
     import socket
