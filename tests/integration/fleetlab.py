@@ -112,7 +112,7 @@ class Fleet:
         inv = yaml.safe_load(inventory.read_text())["all"]["children"]
         self.hv = {**inv["gpu_nodes"]["hosts"], **inv["routers"]["hosts"]}
         self.gpu, self.routers = list(inv["gpu_nodes"]["hosts"]), list(inv["routers"]["hosts"])
-        self.router = self.routers[0]  # the load goes through it
+        self.router = self.routers[0]  # the router role's checks and the canary's scrape run on it
         self.runs: list[str] = []  # every ansible-playbook output, for the "no key printed" check
 
     def ssh_argv(self, host: str, command: str) -> list[str]:
@@ -253,12 +253,24 @@ class Fleet:
         out, _ = proc.communicate(timeout=300)
         return json.loads(out)["plays"][0]["tasks"][0]["hosts"][proc.router]
 
-    def start_load(self, out: Path, clients: int = 3) -> subprocess.Popen:
-        argv = [sys.executable, str(LOADGEN), "--router", self.router_url(), "--clients", str(clients)]
-        argv += ["--duration", "400", "--max-requests", "20000", "--sample-interval", "0.3"]
+    def start_load(self, out: Path, clients: int = 2) -> dict[str, tuple[subprocess.Popen, Path]]:
+        """One lab/loadgen through each router (``clients`` streams each), sampling that router's list."""
         env = dict(os.environ, LOADGEN_ADMIN_KEY=self.admin_key, LOADGEN_API_KEY=self.client_key)
-        with out.open("w") as handle:
-            return subprocess.Popen(argv, stdout=handle, env=env, cwd=REPO)
+        loads = {}
+        for router in self.routers:
+            argv = [
+                sys.executable,
+                str(LOADGEN),
+                "--router",
+                self.router_url(router),
+                "--clients",
+                str(clients),
+            ]
+            argv += ["--duration", "400", "--max-requests", "20000", "--sample-interval", "0.3"]
+            path = out.with_name(f"{out.stem}-{router}.json")
+            with path.open("w") as handle:
+                loads[router] = (subprocess.Popen(argv, stdout=handle, env=env, cwd=REPO), path)
+        return loads
 
 
 def long_result(proc: subprocess.Popen) -> dict:
@@ -272,10 +284,13 @@ def load_failures(result: dict) -> int:
     return result["non_2xx"] + result["truncated"] + result["errors"]
 
 
-def stop_load(proc: subprocess.Popen, out: Path) -> dict:
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=180) == 0
-    return json.loads(out.read_text())
+def stop_load(loads: dict[str, tuple[subprocess.Popen, Path]]) -> dict[str, dict]:
+    """Each router's load result (its requests, failures and samples of that router's list)."""
+    for proc, _ in loads.values():
+        proc.send_signal(signal.SIGINT)
+    for proc, _ in loads.values():
+        assert proc.wait(timeout=180) == 0
+    return {router: json.loads(path.read_text()) for router, (_, path) in loads.items()}
 
 
 def why(r: subprocess.CompletedProcess) -> str:

@@ -3,7 +3,9 @@ hold and resume, on two lab GPU hosts and a router host (tests/integration/fleet
 
 The module fixture brings up lab$FLEET_CANARY_LAB_INDEX (default 200) and the next index as GPU hosts and the
 one after as the router host, and deploys window 2048 on both at once (no canary: nothing left on the old
-configuration). Bake seconds, not minutes: sglang_canary_delay 1, sglang_canary_bake 6, min requests 20.
+configuration). One router: the verdict reads every worker's metrics through the first router, and what
+several routers add (every one checked, left and rejoined) is test_fleet_rollout.py's, with two. Bake
+seconds, not minutes: sglang_canary_delay 1, sglang_canary_bake 6, min requests 20.
 In file order:
   1. a canary whose configuration makes the lab server slower and erroring (SGLANG_LAB_SLOW,
      SGLANG_LAB_ERROR_RATE) under lab/loadgen through the router: verdict Failed, the canary rolled back to
@@ -68,10 +70,10 @@ def test_a_slow_erroring_canary_fails_its_verdict_and_is_rolled_back_the_other_h
 ):
     before = {h: state(fleet, h) for h in GPU}
     load_out = tmp_path / "load.json"
-    load = fleet.start_load(load_out)
+    load = fleet.start_load(load_out, clients=3)
     extra = {**BAKE, "sglang_environment": FAULTY, "deploy_report_dir": str(tmp_path / "report")}
     r = fleet.playbook("-e", "window=2048", extra=extra)
-    result = stop_load(load, load_out)
+    result = stop_load(load)[fleet.router]
     print(f"load: {result['requests']} requests, {result['non_2xx']} non-2xx (smg retries a 500 elsewhere)")
     assert r.returncode != 0
     assert f"Canary {CANARY} FAILED its verdict and was rolled back" in r.stdout, why(r)

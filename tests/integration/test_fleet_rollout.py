@@ -1,12 +1,11 @@
 """A fleet behind the SGLang router (issue 17): two lab GPU hosts and a router host, a rolling deploy.
 
-The module fixture brings up lab$FLEET_LAB_INDEX and the next index as GPU hosts (gpu_nodes) and the one
-after as the router host (group routers), with the SGLang layer and the fleet network that `labctl up
---routers 1` gives the hosts of one inventory (the router reaches the workers at 10.214.0.K). The checks go
-over ROUTERS (one here: a second router made the file ~25 s longer alone and the whole suite longer than
-its budget under contention). On the fresh hosts it first runs `playbooks/router.yml --check --diff` (nothing
-may be installed or started), then `deploy.yml -e window=2048` once: SGLang on both GPU hosts, then smg on the
-router host in front of them.
+The module fixture brings up lab$FLEET_LAB_INDEX and the next index as GPU hosts (gpu_nodes) and the two
+after as router hosts (group routers), with the SGLang layer and the fleet network that `labctl up
+--routers 2` gives the hosts of one inventory (the routers reach the workers at 10.214.0.K). The checks go
+over ROUTERS, and the load of a test runs through each of them (one lab/loadgen per router). On the fresh
+hosts it first runs `playbooks/router.yml --check --diff` (nothing may be installed or started), then
+`deploy.yml -e window=2048` once: SGLang on both GPU hosts, then smg on the router hosts in front of them.
 The inventory is inventory/lab/fleet-<index>.yml (gitignored; inventory/lab/group_vars apply). The router's
 admin key is the one labctl made (.lab/router_admin_key, which the inventory it writes reads: the deploy runs
 as the README says); its client key (sglang_router_worker_api_key) is random per run and goes in as
@@ -14,7 +13,7 @@ as the README says); its client key (sglang_router_worker_api_key) is random per
   - the router role on its own host (formerly test_router_role.py on a host of its own): check mode on the
     fresh host, the deploy order, /readiness and /workers, the listener in the unit's cgroup, no key in any
     cmdline / the unit / the output, 401 without the keys;
-  1. window 2048 -> 4096 rolls through both hosts while lab/loadgen streams through the router: no
+  1. window 2048 -> 4096 rolls through both hosts while lab/loadgen streams through each router: no
      non-2xx, no truncated stream, at least one ready worker in every sample of the router's list, no
      generation request reaching a host between two samples that show it out of the router, both hosts
      on new invocations serving the new window and listed with their new invocation as label;
@@ -37,7 +36,9 @@ as the README says); its client key (sglang_router_worker_api_key) is random per
      as they were;
   8. the second host renamed in the inventory (same address): its change rolls as remove-then-add of the
      same URL, the router's list never empty, the router itself untouched;
-  9. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
+  9. a router down before the rollout (its service stopped) stops it at the first host with nothing
+     changed: no host left the other router, no file written, no restart;
+ 10. a changed router setting restarts the router with proof (last: a restarted router forgets labels).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ from fleetlab import (
 
 INDEX = int(os.environ.get("FLEET_LAB_INDEX", "150"))
 GPU = [f"lab{INDEX}", f"lab{INDEX + 1}"]
-ROUTERS = [f"lab{INDEX + 2}"]
-ROUTER = ROUTERS[0]  # the load goes through it
+ROUTERS = [f"lab{INDEX + 2}", f"lab{INDEX + 3}"]
+ROUTER = ROUTERS[0]  # the router role's checks run on it
 INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}.yml"
 # The same fleet with the second GPU host under another inventory name (test 7; gitignored too).
 RENAMED_INVENTORY = REPO / "inventory" / "lab" / f"fleet-{INDEX}-renamed.yml"
@@ -228,33 +229,43 @@ def test_window_change_rolls_through_both_hosts_under_load_with_zero_failed_requ
         time.sleep(2)  # the load runs before the first host leaves
         r = fleet.playbook("-e", "window=4096", playbook="playbooks/sglang.yml")
     finally:
-        result = stop_load(load, out)
+        results = stop_load(load)
     assert r.returncode == 0, why(r)
-    failed = result["non_2xx"] + result["truncated"] + result["errors"]
-    print(
-        f"FAILED REQUESTS: {failed} of {result['requests']} (non-2xx {result['non_2xx']}, truncated "
-        f"{result['truncated']}, no answer {result['errors']}); router samples: {len(result['samples'])}"
-    )
-    assert failed == 0, result["failures"]
-    assert result["requests"] > 100
-    samples = result["samples"]
-    assert len(samples) > 50
-    assert all(ready is not None and len(ready) >= 1 for _, ready, _ in samples), [
-        s for s in samples if not s[1]
-    ][:5]
-    # Each host left and rejoined, one at a time (host by host: never both out).
-    assert min(len(listed) for _, _, listed in samples) == 1
+    for router, result in results.items():
+        failed = load_failures(result)
+        print(
+            f"FAILED REQUESTS through {router}: {failed} of {result['requests']} (non-2xx "
+            f"{result['non_2xx']}, truncated {result['truncated']}, no answer {result['errors']}); "
+            f"samples: {len(result['samples'])}"
+        )
+        assert failed == 0, (router, result["failures"])
+        assert result["requests"] > 50, router
+        samples = result["samples"]
+        assert len(samples) > 50, router
+        assert all(ready is not None and len(ready) >= 1 for _, ready, _ in samples), [
+            s for s in samples if not s[1]
+        ][:5]
+        # Each router saw each host leave and rejoin, one at a time (host by host: never both out).
+        assert min(len(listed) for _, _, listed in samples) == 1, router
+        for host in GPU:
+            windows = out_of_router_windows(samples, fleet.url(host))
+            assert len(windows) == 1, (router, host, windows)
+    # No chat request reached a host while BOTH routers' samples showed it out (a request routed just before
+    # the leave may start within a sample interval).
     for host in GPU:
-        url = f"http://{fleet.hv[host]['lab_fleet_address']}:30000"
-        windows = out_of_router_windows(samples, url)
-        assert len(windows) == 1, (host, windows)
-        first, last = windows[0]
-        arrivals = fleet.chat_arrivals(host, result["started"])
+        out_of_both = [
+            (max(a[0], b[0]), min(a[1], b[1]))
+            for a in out_of_router_windows(results[ROUTERS[0]]["samples"], fleet.url(host))
+            for b in out_of_router_windows(results[ROUTERS[1]]["samples"], fleet.url(host))
+        ]
+        first, last = out_of_both[0]
+        arrivals = fleet.chat_arrivals(host, min(result["started"] for result in results.values()))
         late = [t for t in arrivals if first + 0.3 < t < last]
         print(
-            f"{host}: out of the router {last - first:.1f} s; {len(arrivals)} chat requests, {len(late)} then"
+            f"{host}: out of both routers {last - first:.1f} s; {len(arrivals)} chat requests, "
+            f"{len(late)} then"
         )
-        assert arrivals and not late
+        assert last > first and arrivals and not late
         # A new invocation serves the new window, and the router lists it with that invocation as label.
         after = fleet.invocation(host)
         assert after and after != before[host]
@@ -279,7 +290,7 @@ def test_crashing_configuration_on_the_canary_rolls_back_rejoins_and_stops_the_r
         crash = {"sglang_environment": {"SGLANG_LAB_CRASH_AFTER": "3"}}
         r = fleet.playbook("-e", "window=4096", extra=crash, playbook="playbooks/sglang.yml")
     finally:
-        result = stop_load(load, out)
+        results = stop_load(load)
     text = r.stdout
     assert r.returncode != 0
     assert f"Deploy of sglang.service on {canary} FAILED" in text
@@ -294,13 +305,13 @@ def test_crashing_configuration_on_the_canary_rolls_back_rejoins_and_stops_the_r
     assert now != before[canary]
     assert "SGLANG_LAB_CRASH_AFTER" not in fleet.ssh(canary, "cat /etc/sglang/sglang.env")
     assert fleet.server_info(canary)["speculative_draft_window_size"] == 4096
-    url = f"http://{fleet.hv[canary]['lab_fleet_address']}:30000"
-    listed = [w for w in fleet.workers() if w["url"] == url]
-    assert [(w["status"], w["labels"].get("sglang_invocation")) for w in listed] == [("ready", now)]
-    assert all(ready is not None and len(ready) >= 1 for _, ready, _ in result["samples"])
-    failed = result["non_2xx"] + result["truncated"] + result["errors"]
-    print(f"FAILED REQUESTS during the failed rollout: {failed} of {result['requests']}")
-    assert failed == 0, result["failures"]
+    for router in ROUTERS:
+        assert fleet.listed(canary, router) == [("ready", now)], router
+    for router, result in results.items():
+        assert all(ready is not None and len(ready) >= 1 for _, ready, _ in result["samples"]), router
+        failed = load_failures(result)
+        print(f"FAILED REQUESTS through {router} during the failed rollout: {failed} of {result['requests']}")
+        assert failed == 0, (router, result["failures"])
 
 
 def test_the_same_deploy_again_touches_nothing_router_included(fleet):
@@ -348,7 +359,7 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
         refused_at = time.time()
         answer = long_result(long)
     finally:
-        result = stop_load(load, out)
+        results = stop_load(load)
     assert r.returncode != 0
     text = " ".join(r.stdout.split())
     assert (
@@ -367,10 +378,13 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
     # The long request was still in flight when the run was refused, and completed.
     assert answer["status"] == 200 and answer["complete"], answer
     assert answer["start"] + answer["seconds"] > refused_at - 5
-    failed = load_failures(result)
-    print(f"FAILED REQUESTS (policy fail): {failed} of {result['requests']} + the long one")
-    assert failed == 0, result["failures"]
-    assert all(ready for _, ready, _ in result["samples"])
+    for router, result in results.items():
+        failed = load_failures(result)
+        print(
+            f"FAILED REQUESTS through {router} (policy fail): {failed} of {result['requests']} + the long one"
+        )
+        assert failed == 0, (router, result["failures"])
+        assert all(ready for _, ready, _ in result["samples"]), router
 
 
 def test_a_request_longer_than_the_drain_timeout_under_policy_force_is_reported_and_the_host_restarted(fleet):
@@ -521,20 +535,60 @@ def test_a_renamed_host_rolls_as_remove_then_add_and_the_pool_is_never_empty(fle
             "-e", "window=8192", "--limit", f"{RENAMED},{ROUTER},localhost", inventory=RENAMED_INVENTORY
         )
     finally:
-        result = stop_load(load, out)
+        results = stop_load(load)
     assert r.returncode == 0, why(r)
     assert recap(r.stdout)[ROUTER].split()[1] == "changed=0"
-    # The same URL left once and came back (the router gives it a new id), the other worker always ready.
-    samples = result["samples"]
-    windows = out_of_router_windows(samples, fleet.url(other))
-    assert len(windows) == 1, windows
-    assert all(ready for _, ready, _ in samples), [s for s in samples if not s[1]][:5]
+    # The same URL left each router once and came back (new ids), the other worker always ready.
     after = fleet.invocation(other)
-    assert after != before and fleet.listed(other) == [("ready", after)]
+    assert after != before
+    for router, result in results.items():
+        samples = result["samples"]
+        windows = out_of_router_windows(samples, fleet.url(other))
+        assert len(windows) == 1, (router, windows)
+        assert all(ready for _, ready, _ in samples), [s for s in samples if not s[1]][:5]
+        assert fleet.listed(other, router) == [("ready", after)], router
+        failed = load_failures(result)
+        print(f"FAILED REQUESTS through {router} (renamed host): {failed} of {result['requests']}")
+        assert failed == 0, (router, result["failures"])
     assert fleet.invocation(ROUTER, ROUTER_UNIT) == router_before
-    failed = load_failures(result)
-    print(f"FAILED REQUESTS (renamed host): {failed} of {result['requests']}; samples {len(samples)}")
-    assert failed == 0, result["failures"]
+
+
+def test_a_router_down_before_the_rollout_stops_it_at_the_first_host_with_nothing_changed(fleet):
+    """The second router's service stopped (nothing listens on its port): the canary's check of every router
+    fails before it leaves any, the rollout stops there; no host left the first router, nothing was written
+    or restarted. Run before the last test: the restarted router lists its workers without their labels."""
+    canary, other = GPU
+    down = ROUTERS[1]
+    before = {h: host_state(fleet, h) for h in GPU}
+    listed = {h: fleet.listed(h, ROUTERS[0]) for h in GPU}
+    running = {fleet.server_info(h)["speculative_draft_window_size"] for h in GPU}
+    window = next(w for w in (4096, 8192, 1024) if w not in running)
+    fleet.ssh(down, f"systemctl stop {ROUTER_UNIT}")
+    try:
+        r = fleet.playbook("-e", f"window={window}", playbook="playbooks/sglang.yml")
+    finally:
+        fleet.ssh(down, f"systemctl start {ROUTER_UNIT}")
+    assert r.returncode != 0
+    text = " ".join(r.stdout.split())
+    assert f"failed: [{canary} -> {down}(" in r.stdout and f"(item={down})" in r.stdout, why(r)
+    assert f"cannot reach router http://127.0.0.1:30000 before {fleet.url(canary)} leaves any router" in text
+    assert "Connection refused" in text
+    assert "TASK [sglang : Leave the router(s) and drain]" not in r.stdout
+    assert f"[{other}]" not in rolling_play(r.stdout)
+    assert {h: host_state(fleet, h) for h in GPU} == before
+    # Neither host left the first router: listed as before (ready, the same label).
+    assert {h: fleet.listed(h, ROUTERS[0]) for h in GPU} == listed
+    assert all(status == "ready" for h in GPU for status, _ in listed[h])
+    # The stopped router back, both workers ready in it, before the last test (it opens its port after start).
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if [w["status"] for w in fleet.workers(down)] == ["ready", "ready"]:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"router {down} not back with both workers ready"
+        time.sleep(0.5)
 
 
 # Last: a restarted router lists the workers of its command line again, without the rollout's labels.
