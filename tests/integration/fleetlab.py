@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -131,7 +132,10 @@ class Fleet:
         extra: dict | None = None,
         playbook: str = "deploy.yml",
         inventory: Path | None = None,
+        at: tuple[str, Callable[[], object]] | None = None,
     ):
+        """The run's CompletedProcess. ``at``: (text, action) - the action runs once, when the run's output
+        first shows the text (a task's banner is printed as the task starts); the run goes on meanwhile."""
         with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="fleet-extra-") as handle:
             json.dump({"sglang_router_worker_api_key": self.client_key, **FAST, **(extra or {})}, handle)
             handle.flush()
@@ -145,9 +149,17 @@ class Fleet:
                 *args,
             ]
             start = time.monotonic()
-            r = subprocess.run(
-                argv, cwd=REPO, env=ansible_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True
-            )
+            if at is None:
+                r = subprocess.run(
+                    argv,
+                    cwd=REPO,
+                    env=ansible_env(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                )
+            else:
+                r = run_acting_at(argv, *at)
             print(f"{playbook} {' '.join(args)}: rc {r.returncode} in {time.monotonic() - start:.0f} s")
         self.runs.append(r.stdout + r.stderr)
         return r
@@ -271,6 +283,29 @@ class Fleet:
             with path.open("w") as handle:
                 loads[router] = (subprocess.Popen(argv, stdout=handle, env=env, cwd=REPO), path)
         return loads
+
+
+def run_acting_at(argv: list[str], text: str, action: Callable[[], object]) -> subprocess.CompletedProcess:
+    """ansible-playbook ``argv``, ``action`` run once when a line of its output first contains ``text``."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=ansible_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        lines, pending = [], True
+        for line in proc.stdout:
+            if pending and text in line:
+                pending = False
+                action()
+            lines.append(line)
+        proc.wait()
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, "".join(lines), err.read())
 
 
 def long_result(proc: subprocess.Popen) -> dict:

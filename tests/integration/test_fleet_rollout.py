@@ -78,9 +78,11 @@ ROUTER_METRICS_PORT = 29000
 # One long non-streaming chat completion straight to a worker, from the router host (the controller has
 # no address on the fleet network). The lab server generates max_tokens tokens at its synthetic pace:
 # 15000 tokens took 25.5 s at window 4096/8192, 30000 50.8 s (measured, ~1.7 ms a token). It must still run
-# when the deploy reaches the drain: 25-36 s into a run (measured; longer on a busy machine). Prints status,
-# whether the answer was complete, seconds.
+# when the deploy reaches the drain, so it starts as the run reaches the check of every router
+# (ROUTERS_CHECKED): the leaves and the drain come a few delegated tasks later. Started before the run, it
+# races the run's first play, which takes over a minute on a busy machine: the drain then finds the host idle.
 LONG_TOKENS = 36000
+ROUTERS_CHECKED = "TASK [sglang : Check that every router answers before the worker leaves any]"
 
 
 @pytest.fixture(scope="module")
@@ -342,6 +344,23 @@ def host_state(fleet, host: str) -> dict:
     }
 
 
+def rollout_with_a_long_request(fleet, canary: str, extra: dict):
+    """playbooks/sglang.yml -e window=8192 on the canary alone, a LONG_TOKENS request straight to it started
+    as the run reaches the check of every router: the run's result and the request's process."""
+    started = []
+    r = fleet.playbook(
+        "-e",
+        "window=8192",
+        "--limit",
+        canary,
+        extra=extra,
+        playbook="playbooks/sglang.yml",
+        at=(ROUTERS_CHECKED, lambda: started.append(fleet.start_long_request(canary, LONG_TOKENS))),
+    )
+    assert started, f"the run never reached {ROUTERS_CHECKED!r}: {why(r)}"
+    return r, started[0]
+
+
 def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_host_as_it_was(fleet, tmp_path):
     canary = GPU[0]
     before = host_state(fleet, canary)
@@ -351,11 +370,8 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
     out = tmp_path / "load.json"
     load = fleet.start_load(out, clients=2)
     try:
-        long = fleet.start_long_request(canary, LONG_TOKENS)
         extra = {"sglang_drain_timeout": 2, "sglang_drain_policy": "fail"}
-        r = fleet.playbook(
-            "-e", "window=8192", "--limit", canary, extra=extra, playbook="playbooks/sglang.yml"
-        )
+        r, long = rollout_with_a_long_request(fleet, canary, extra)
         refused_at = time.time()
         answer = long_result(long)
     finally:
@@ -390,11 +406,11 @@ def test_a_request_longer_than_the_drain_timeout_under_policy_fail_leaves_the_ho
 def test_a_request_longer_than_the_drain_timeout_under_policy_force_is_reported_and_the_host_restarted(fleet):
     canary = GPU[0]
     before = fleet.invocation(canary)
-    # As long as under fail: with 12000 tokens (20 s) a run on a busy machine once reached the drain after
-    # the request had ended. The restart's SIGTERM drain then waits for the rest of it.
-    long = fleet.start_long_request(canary, LONG_TOKENS)
+    # The test before left the host as it was: window 8192 is a change, so the host leaves and drains.
+    assert fleet.server_info(canary)["speculative_draft_window_size"] != 8192
+    # As long as under fail: the restart's SIGTERM drain then waits for the rest of it.
     extra = {"sglang_drain_timeout": 2, "sglang_drain_policy": "force"}
-    r = fleet.playbook("-e", "window=8192", "--limit", canary, extra=extra, playbook="playbooks/sglang.yml")
+    r, long = rollout_with_a_long_request(fleet, canary, extra)
     answer = long_result(long)
     assert r.returncode == 0, why(r)
     text = " ".join(r.stdout.split())
