@@ -33,6 +33,8 @@ description:
     a worker leaves any; a router that is down is never left out. With O(service), a router whose unit is not
     installed on the host (systemd C(LoadState=not-found), as on the fleet's first deploy, before the router
     play) has no worker to leave (C(installed=false)); one that is installed must answer, running or not.
+    With O(must_answer=false) (a failed canary's rollback) one that does not answer is reported
+    (C(answered=false), the reason in C(problem)) instead.
 version_added: "0.1.0"
 author: sglang-deploy contributors
 options:
@@ -92,6 +94,12 @@ options:
         C(sglang-router.service)); empty, the router must answer whatever systemd says.
     type: str
     default: ''
+  must_answer:
+    description:
+      - With C(state=query), false - a router that cannot be reached is reported (C(answered=false)), not a
+        failure (the rollback of a canary whose verdict failed goes on without it).
+    type: bool
+    default: true
   poll_interval:
     description: Seconds between two polls.
     type: float
@@ -164,6 +172,16 @@ installed:
   returned: when state is query
   type: bool
   sample: true
+answered:
+  description: With C(state=query), whether the router answered with its list (false when it is not installed).
+  returned: when state is query
+  type: bool
+  sample: true
+problem:
+  description: With C(state=query) and O(must_answer=false), why the router did not answer.
+  returned: when a router did not answer
+  type: str
+  sample: "cannot reach router http://127.0.0.1:30000 ... Connection refused"
 workers_ready:
   description: With C(state=query), how many workers the router lists C(ready).
   returned: when state is query
@@ -457,19 +475,25 @@ class Member:
 
     def query(self, show: str = "") -> None:
         if not unit_installed(show):
-            self.result.update(status="absent", installed=False, workers_ready=0)
+            self.result.update(status="absent", installed=False, answered=False, workers_ready=0)
             return
         try:
             workers = self.workers()
         except RouterError as err:
-            raise RouterError(
+            problem = (
                 f"cannot reach router {self.router} before {self.p['worker_url']} leaves any router: {err}. "
                 "Nothing was touched: start the router (or take its host out of group routers) and run again"
-            ) from None
+            )
+            if self.p["must_answer"]:
+                raise RouterError(problem) from None
+            self.result.update(status="unreachable", installed=True, answered=False, workers_ready=0)
+            self.result["problem"] = problem
+            return
         worker = self.mine(workers)
         self.result.update(
             status=worker.get("status") if worker else "absent",
             installed=True,
+            answered=True,
             workers_ready=sum(1 for w in workers if w.get("status") == "ready"),
         )
 
@@ -504,6 +528,7 @@ def main() -> None:
             "settle_seconds": {"type": "int", "default": 1},
             "poll_interval": {"type": "float", "default": 1},
             "service": {"type": "str", "default": ""},
+            "must_answer": {"type": "bool", "default": True},
             "lock_dir": {"type": "path", "default": "/run/sglang-deploy"},
         },
         supports_check_mode=True,

@@ -175,13 +175,21 @@ def test_query_decides_whether_a_router_answers_over_recorded_answers(
     assert result["changed"] is False and router.calls == [("GET", ROUTER + "/workers")]
     if reachable:
         assert not result.get("failed"), result
-        assert result["status"] == status and result["workers_ready"] == ready
+        assert result["status"] == status and result["workers_ready"] == ready and result["answered"]
     else:
         assert result["failed"] and refusal in result["msg"], result
         assert result["msg"].startswith(
             f"cannot reach router {ROUTER} before {MINE['url']} leaves any router"
         )
         assert "Nothing was touched" in result["msg"]
+    # A failed canary's rollback (must_answer false): the same answer reported, never a failure.
+    lenient = run(AnsweringRouter(recorded(name)), state="query", must_answer=False)
+    assert not lenient.get("failed") and lenient["changed"] is False, lenient
+    assert lenient["answered"] is reachable and lenient["installed"] is True
+    if reachable:
+        assert lenient["status"] == status and "problem" not in lenient
+    else:
+        assert lenient["status"] == "unreachable" and lenient["problem"] == result["msg"]
 
 
 # Whether a router has a worker to leave, over systemd 252's recorded `systemctl show` (fixtures/systemd/):
@@ -216,7 +224,7 @@ def test_query_with_service_leaves_out_only_a_router_never_installed(monkeypatch
     result, _ = call_main(module, params)
     assert asked == [["systemctl", "show", "-p", "LoadState", "--", "sglang-router.service"]]
     assert not result.get("failed") and result["changed"] is False, result
-    assert result["installed"] is installed
+    assert result["installed"] is installed and result["answered"] is installed
     assert router.calls == ([("GET", ROUTER + "/workers")] if installed else [])
 
 
