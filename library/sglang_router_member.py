@@ -173,7 +173,7 @@ installed:
   type: bool
   sample: true
 answered:
-  description: With C(state=query), whether the router answered with its list (false when it is not installed).
+  description: With C(state=query), whether the router answered with its list (false when not installed).
   returned: when state is query
   type: bool
   sample: true
