@@ -11,8 +11,9 @@ call (``blockers``). Every ``when:`` of the role reads a field of the plan it re
 probe     the answer of library/sglang_host_probe.py (the plan: with the plan probe's sha256 and systemd).
 rendered  {unit, env, config}: the sha256 of the files this pass renders (config None: not compared), or None
           when nothing is rendered (check mode before the first install, the probe's own call).
-want      version, install_source, remove_foreign_dropins, plan_account, routers (bool), and the paths the
-          messages name: unit, pending_path, known_good_dir, marker_name, removed_dropins_dir.
+want      version, install_source, remove_foreign_dropins, plan_account, routers (bool), fleet_revert
+          (sglang_fleet_revert), and the paths the messages name: unit, pending_path, known_good_dir,
+          marker_name, removed_dropins_dir.
 mode      check, plan, rollout (the first play of playbooks/sglang.yml over several hosts: a host with
           anything to change waits for the rolling play), rolling (its second play: the hosts there restart),
           canary ({bake: seconds, baseline: hosts left on the old configuration, decided: this run's canary
@@ -21,6 +22,8 @@ mode      check, plan, rollout (the first play of playbooks/sglang.yml over seve
 The plan: ``refusals`` (each message whole), ``install`` (what install.yml brings to the wanted state),
 ``inspectable``, ``build_argv``, ``prepare`` (install.yml has work), ``canary_bakes`` (this host is the first
 batch of a rollout behind a router that bakes and is judged: playbooks/sglang.yml, tasks/canary.yml),
+``keep_before_run`` (the rolling play keeps the known-good set aside before the restart: what a Failed canary
+or the fleet revert restores, tasks/revert.yml),
 ``files`` (which file changes; ``current``: nothing to write; ``verified``: the files are the last verified
 ones), ``write``, ``apply`` (apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired,
 text}, as kolla-ansible's compare_container returns its differences), ``restart_now``, ``defer``,
@@ -300,6 +303,13 @@ def decide(probe, rendered, want, mode):
     plan_account = acts and bool(want.get("plan_account"))
     build_argv = acts and inspectable and not isinstance(probe.get("argv"), dict)
     write = acts and inspectable and rendered is not None and not current
+    canary_bakes = (
+        bool(mode.get("rolling"))
+        and bool(want.get("routers"))
+        and int(canary.get("bake") or 0) > 0
+        and int(canary.get("baseline") or 0) > 0
+        and not canary.get("decided")
+    )
     return {
         "refusals": refused,
         "dropins": {"found": dropins, "refusal": dropin_msg, "move": [d["path"] for d in moved]},
@@ -309,11 +319,9 @@ def decide(probe, rendered, want, mode):
         "build_argv": build_argv,
         # install.yml has something to do: install, the plan account, check mode's note, the command line.
         "prepare": needed or check_only or plan_account or build_argv,
-        "canary_bakes": bool(mode.get("rolling"))
-        and bool(want.get("routers"))
-        and int(canary.get("bake") or 0) > 0
-        and int(canary.get("baseline") or 0) > 0
-        and not canary.get("decided"),
+        "canary_bakes": canary_bakes,
+        # The set this run replaces, kept for its revert (a canary's rollback, the fleet revert).
+        "keep_before_run": restart and (canary_bakes or (bool(mode.get("rolling")) and bool(want.get("fleet_revert")))),
         "files": dict(changes, current=current, verified=verified),
         "write": write,
         # apply.yml has something to do: a write, a restart, or check mode's account of them.
@@ -334,3 +342,28 @@ def decide(probe, rendered, want, mode):
         "converged": converged,
         "blockers": found,
     }
+
+
+def fleet_revert(enabled, host, changed_before, check=False):
+    """What a host's failure in the rolling play of playbooks/sglang.yml does to the rollout, once the role
+    rolled that host back itself. ``changed_before``: the hosts of EARLIER batches this run changed (their new
+    configuration restarted and verified), in rollout order. With sglang_fleet_revert (``enabled``) and such
+    hosts, no later batch starts and they are reverted to the configuration they ran before this run, in
+    reverse order (``revert``); otherwise the run stops here, as a failed canary stops it (``stop``)."""
+    changed_before = list(changed_before or [])
+    revert = bool(enabled) and bool(changed_before) and not check
+    if revert:
+        reason = (
+            f"{host} failed after this run changed {', '.join(changed_before)}: no later batch starts, and "
+            "the hosts this run changed are reverted one at a time, last changed first (sglang_fleet_revert)"
+        )
+    elif check:
+        reason = f"{host} failed in check mode, which changes nothing: the run stops"
+    elif not changed_before:
+        reason = f"{host} failed in the first batch that changed a host: nothing to revert, the run stops"
+    else:
+        reason = (
+            f"{host} failed; sglang_fleet_revert is off: {', '.join(changed_before)} keep the new "
+            "configuration and the run stops"
+        )
+    return {"revert": revert, "stop": not revert, "host": host, "changed_before": changed_before, "reason": reason}

@@ -4,7 +4,8 @@
 
 ``probe | sglang_decide(rendered, want, mode)``: ``rendered`` holds the CONTENT of the unit, environment and
 --config file this pass renders (hashed here, so no secret leaves this filter), or is None; a ``config`` of
-None is not compared (the plan without secrets).
+None is not compared (the plan without secrets). ``host | sglang_fleet_revert(enabled, changed_before,
+check)``: what a host's failure in the rolling play does to the rollout (playbooks/sglang.yml).
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def sglang_sha256(rendered):
     return {name: sha256_text(rendered[name]) for name in _DECIDE.FILES}
 
 
+def sglang_fleet_revert(host, enabled, changed_before, check=False):
+    return _DECIDE.fleet_revert(bool(enabled), str(host), [str(h) for h in changed_before or []], bool(check))
+
+
 class FilterModule:
     def filters(self):
-        return {"sglang_decide": sglang_decide, "sglang_sha256": sglang_sha256}
+        return {
+            "sglang_decide": sglang_decide,
+            "sglang_sha256": sglang_sha256,
+            "sglang_fleet_revert": sglang_fleet_revert,
+        }

@@ -225,6 +225,54 @@ CASES = [
         dict(DEPLOY, canary={"bake": 600, "baseline": 1, "decided": False}),
         dict(canary_bakes=False),
     ),
+    (
+        "fleet revert: a host of the rolling play that restarts keeps the set it replaces",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True, "fleet_revert": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 0, "baseline": 1, "decided": True}),
+        dict(keep_before_run=True, restart_now=True, canary_bakes=False),
+    ),
+    (
+        "fleet revert off: only a canary that bakes keeps the set it replaces",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True, "fleet_revert": False},
+        dict(DEPLOY, rolling=True, canary={"bake": 0, "baseline": 1, "decided": True}),
+        dict(keep_before_run=False, restart_now=True),
+    ),
+    (
+        "fleet revert off: the canary that bakes keeps the set its Failed verdict restores",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True, "fleet_revert": False},
+        dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 1, "decided": False}),
+        dict(keep_before_run=True, canary_bakes=True),
+    ),
+    (
+        "fleet revert: a host that does not restart keeps nothing aside",
+        converged_probe,
+        on_disk,
+        {"routers": True, "fleet_revert": True},
+        dict(DEPLOY, rolling=True, canary={"bake": 0, "baseline": 1, "decided": True}),
+        dict(keep_before_run=False, restart_now=False),
+    ),
+    (
+        "fleet revert: the first play keeps nothing aside (it restarts a single host whole)",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True, "fleet_revert": True},
+        DEPLOY,
+        dict(keep_before_run=False, restart_now=True),
+    ),
+    (
+        "fleet revert: check mode keeps nothing aside",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True, "fleet_revert": True},
+        dict(CHECK, rolling=True),
+        dict(keep_before_run=False, restart_now=False),
+    ),
 ]
 
 
@@ -341,3 +389,24 @@ def test_systemd_state_alone_restarts():
         "desired": "active",
         "text": "the service is failed",
     }
+
+
+# (case, enabled, failed host, hosts of earlier batches this run changed, check mode, revert, reason contains)
+FLEET_REVERT = [
+    ("a later batch fails: the earlier hosts are reverted", True, "h3", ["h1", "h2"], False, True, "h1, h2"),
+    ("the first batch fails: nothing to revert, the run stops", True, "h1", [], False, False, "first batch"),
+    ("sglang_fleet_revert off: the run stops, the earlier hosts stay", False, "h2", ["h1"], False, False, "off"),
+    ("check mode changed nothing: the run stops", True, "h2", ["h1"], True, False, "check mode"),
+]
+
+
+@pytest.mark.parametrize(
+    ("enabled", "host", "changed", "check", "revert", "reason"),
+    [case[1:] for case in FLEET_REVERT],
+    ids=[case[0] for case in FLEET_REVERT],
+)
+def test_what_a_failure_in_the_rolling_play_does_to_the_rollout(enabled, host, changed, check, revert, reason):
+    plan = decide_module.fleet_revert(enabled, host, changed, check)
+    assert (plan["revert"], plan["stop"]) == (revert, not revert)
+    assert plan["host"] == host and plan["changed_before"] == changed
+    assert reason in plan["reason"] and host in plan["reason"]
