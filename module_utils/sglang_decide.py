@@ -310,6 +310,9 @@ def decide(probe, rendered, want, mode):
         and int(canary.get("baseline") or 0) > 0
         and not canary.get("decided")
     )
+    keep_before_run = restart and (
+        canary_bakes or (bool(mode.get("rolling")) and bool(want.get("fleet_revert")))
+    )
     return {
         "refusals": refused,
         "dropins": {"found": dropins, "refusal": dropin_msg, "move": [d["path"] for d in moved]},
@@ -321,7 +324,7 @@ def decide(probe, rendered, want, mode):
         "prepare": needed or check_only or plan_account or build_argv,
         "canary_bakes": canary_bakes,
         # The set this run replaces, kept for its revert (a canary's rollback, the fleet revert).
-        "keep_before_run": restart and (canary_bakes or (bool(mode.get("rolling")) and bool(want.get("fleet_revert")))),
+        "keep_before_run": keep_before_run,
         "files": dict(changes, current=current, verified=verified),
         "write": write,
         # apply.yml has something to do: a write, a restart, or check mode's account of them.
@@ -366,4 +369,10 @@ def fleet_revert(enabled, host, changed_before, check=False):
             f"{host} failed; sglang_fleet_revert is off: {', '.join(changed_before)} keep the new "
             "configuration and the run stops"
         )
-    return {"revert": revert, "stop": not revert, "host": host, "changed_before": changed_before, "reason": reason}
+    return {
+        "revert": revert,
+        "stop": not revert,
+        "host": host,
+        "changed_before": changed_before,
+        "reason": reason,
+    }

@@ -622,3 +622,77 @@ def test_a_changed_router_setting_restarts_it_and_verifies_again(fleet):
     )
     assert fleet.probe(["GET", "/readiness", None, None])["answers"][0][0] == 200
     assert {h: fleet.invocation(h) for h in GPU} == sglang
+
+
+def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_zero_failed_requests(
+    fleet, tmp_path
+):
+    """sglang_fleet_revert (on by default), batch 1: the first host rolls to a new window and verifies, the
+    second host's configuration crashes after start (only its own: the environment is templated per host), it
+    is rolled back itself; then the first host is reverted to the configuration it ran before the run -
+    drained behind the router, its files byte for byte the ones from before, verified, back in the router
+    with its new invocation, recorded reverted_by_run and reported so - while lab/loadgen streams through the
+    router with zero failed requests; the run fails naming the host that failed and the host reverted."""
+    first, second = GPU
+    running = {fleet.server_info(h)["speculative_draft_window_size"] for h in GPU}
+    window = next(w for w in (4096, 8192, 1024) if w not in running)
+    before = {
+        h: host_state(fleet, h) | {"window": fleet.server_info(h)["speculative_draft_window_size"]}
+        for h in GPU
+    }
+    assert all(state["pending"] == "" for state in before.values())
+    crashes = "{'SGLANG_LAB_CRASH_AFTER': '3'} if inventory_hostname == '" + second + "' else {}"
+    crash = {"sglang_environment": "{{ " + crashes + " }}"}
+    out = tmp_path / "load.json"
+    load = fleet.start_load(out, clients=2)
+    try:
+        time.sleep(2)  # the load runs before the first host leaves
+        r = fleet.playbook("-e", f"window={window}", extra=crash, playbook="playbooks/sglang.yml")
+    finally:
+        result = stop_load(load, out)
+    text = " ".join(r.stdout.split())
+    assert r.returncode != 0
+    assert f"Deploy of sglang.service on {second} FAILED" in text, why(r)
+    assert "ROLLED BACK to the known-good configuration" in text
+    assert "PLAY [Revert the hosts this run changed, after a failure in a later batch]" in r.stdout, why(r)
+    assert (
+        f"The rollout FAILED on {second} (" in text
+        and f"REVERTED to their configuration from before it, each verified: {first}." in text
+    ), why(r)
+    # The first host ran the new window in between (its deploy verified), then left the router and drained
+    # again, and runs its configuration from before the run: the same files, a new verified invocation.
+    rolling = rolling_play(r.stdout)
+    assert f"{first} left {ROUTER}" in rolling and f"{second} left {ROUTER}" in rolling
+    revert = r.stdout.split("PLAY [Revert the hosts this run changed", 1)[1]
+    assert f"{first} left {ROUTER}" in " ".join(revert.split()) and f"[{second}]" not in revert
+    for host in GPU:
+        now = host_state(fleet, host)
+        assert now["files"] == before[host]["files"] and now["pending"] == "", host
+        assert now["invocation"] not in ("", before[host]["invocation"]), host
+        assert fleet.server_info(host)["speculative_draft_window_size"] == before[host]["window"], host
+        for router in ROUTERS:
+            assert fleet.listed(host, router) == [("ready", now["invocation"])], (host, router)
+    history = [
+        json.loads(line)
+        for line in fleet.ssh(first, "tail -n 2 /var/lib/sglang-deploy/history.jsonl").splitlines()
+    ]
+    assert [h["result"] for h in history] == ["verified", "reverted_by_run"], history
+    assert int(history[0]["window"]) == window
+    assert int(history[1]["args"]["speculative_draft_window_size"]) == before[first]["window"]
+    assert f"{second} failed in a later batch" in history[1]["failure"]
+    assert history[1]["invocation_id"] == fleet.invocation(first)
+    run = max((REPO / "out" / "deploy").iterdir(), key=lambda d: d.stat().st_mtime)
+    report = json.loads((run / f"{first}.json").read_text())
+    assert report["result"] == "reverted_by_run" and report["invocation_id"] == fleet.invocation(first)
+    # Behind the router all along: a ready worker in every sample, no request to the first host while it
+    # was out (its deploy, then its revert), and no failed request.
+    samples = result["samples"]
+    assert all(ready for _, ready, _ in samples), [s for s in samples if not s[1]][:5]
+    windows = out_of_router_windows(samples, fleet.url(first))
+    assert len(windows) == 2, windows
+    arrivals = fleet.chat_arrivals(first, result["started"])
+    late = [t for first_seen, last_seen in windows for t in arrivals if first_seen + 0.3 < t < last_seen]
+    assert arrivals and not late, (windows, late)
+    failed = load_failures(result)
+    print(f"FAILED REQUESTS (fleet revert): {failed} of {result['requests']}; samples {len(samples)}")
+    assert failed == 0, result["failures"]

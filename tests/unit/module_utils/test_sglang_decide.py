@@ -395,7 +395,7 @@ def test_systemd_state_alone_restarts():
 FLEET_REVERT = [
     ("a later batch fails: the earlier hosts are reverted", True, "h3", ["h1", "h2"], False, True, "h1, h2"),
     ("the first batch fails: nothing to revert, the run stops", True, "h1", [], False, False, "first batch"),
-    ("sglang_fleet_revert off: the run stops, the earlier hosts stay", False, "h2", ["h1"], False, False, "off"),
+    ("sglang_fleet_revert off: the run stops, the others stay", False, "h2", ["h1"], False, False, "off"),
     ("check mode changed nothing: the run stops", True, "h2", ["h1"], True, False, "check mode"),
 ]
 
@@ -405,7 +405,7 @@ FLEET_REVERT = [
     [case[1:] for case in FLEET_REVERT],
     ids=[case[0] for case in FLEET_REVERT],
 )
-def test_what_a_failure_in_the_rolling_play_does_to_the_rollout(enabled, host, changed, check, revert, reason):
+def test_what_a_failure_in_the_rolling_play_does(enabled, host, changed, check, revert, reason):
     plan = decide_module.fleet_revert(enabled, host, changed, check)
     assert (plan["revert"], plan["stop"]) == (revert, not revert)
     assert plan["host"] == host and plan["changed_before"] == changed
