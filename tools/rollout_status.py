@@ -23,6 +23,9 @@ from sglang_canary import RESUME  # noqa: E402
 def phase(host, report, canary):
     """What happened to ``host`` in this run."""
     verdict = (canary or {}).get("verdict")
+    # The revert play rewrote the report (playbooks/sglang.yml, sglang_fleet_revert).
+    if (report or {}).get("result") == "reverted_by_run":
+        return "reverted (a later batch failed): back on the configuration from before the run"
     if host in (canary or {}).get("canary_hosts", []):
         return {
             "Failed": "rolled back (canary verdict Failed)",

@@ -1,5 +1,5 @@
-"""docs/properties.md defines P1-P26 (issue 18, item 8; P18, P19, P20: issue 14; P21: issue 17; P22: issue
-37; P24, P25, P26: issue 38), and what it names exists.
+"""docs/properties.md defines P1-P27 (issue 18, item 8; P18, P19, P20: issue 14; P21: issue 17; P22: issue
+37; P24, P25, P26: issue 38; P27: issue 39), and what it names exists.
 
 One table row per property, in order; every test it names is a test of this repository (a renamed test
 fails here, not silently in the document); every code path exists; the messages that cite a P-code
@@ -18,7 +18,7 @@ ROWS = [line for line in TEXT.splitlines() if re.match(r"^\| P\d+ \|", line)]
 
 
 def test_p1_to_p17_each_defined_once_in_order():
-    assert [row.split("|")[1].strip() for row in ROWS] == [f"P{n}" for n in range(1, 27)]
+    assert [row.split("|")[1].strip() for row in ROWS] == [f"P{n}" for n in range(1, 28)]
     for row in ROWS:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 5 and all(cells), row[:60]  # property, what breaks it, held by, tests

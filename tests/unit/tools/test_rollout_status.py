@@ -57,6 +57,16 @@ def test_each_host_shows_phase_configuration_verdict_and_when(run, want):
     assert all(row["when"].startswith("2026-12-07T") for row in rows if row["config"] != "-")
 
 
+def test_a_host_the_fleet_revert_took_back_says_so_canary_or_not():
+    reverted = {"result": "reverted_by_run", "restarted": True}
+    canary = {"verdict": "Successful", "canary_hosts": ["lab200"]}
+    for host in ("lab200", "lab201"):
+        assert rollout_status.phase(host, reverted, canary).startswith("reverted (a later batch failed)")
+    assert rollout_status.phase("lab201", {"result": "deployed", "restarted": True}, canary) == (
+        "verified, restarted"
+    )
+
+
 def test_a_held_run_says_how_to_resume_and_a_failed_one_why():
     held = rollout_status.render(*rollout_status.status(RUNS / "inconclusive"))
     assert "the rollout is HOLDING: resume with -e canary=promote" in held and "-e canary=abort" in held
