@@ -59,6 +59,9 @@ _LOADER = importlib.machinery.SourceFileLoader("labctl", str(LABCTL))
 LAB = importlib.util.module_from_spec(importlib.util.spec_from_loader("labctl", _LOADER))
 _LOADER.exec_module(LAB)
 GPU_HOSTS = 5  # a 2-host and a 3-host rollout, on distinct hosts
+# The untimed steps roll every host at once: behind the router, the capacity guard lets them all leave only
+# with no other worker required ready (no load runs then).
+ALL_AT_ONCE = {"sglang_rollout_batch": "100%", "sglang_min_ready_workers": 0}
 CANARY_BAKE = 3  # seconds; production bakes minutes, the bench subtracts it
 
 
@@ -272,8 +275,8 @@ def main() -> int:
     up += ["--first-index", str(args.first_index), "--inventory", str(bench.inventory)]
     subprocess.run(up, check=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     try:
-        bench.play("deploy.yml", "-e", "window=2048", extra={"sglang_rollout_batch": "100%"})
-        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
+        bench.play("deploy.yml", "-e", "window=2048", extra=ALL_AT_ONCE)
+        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra=ALL_AT_ONCE)
         # The same change rolled through 2 hosts, then through 3 others: what a host adds to the rollout
         # beyond its own drain + restart is the difference (the run's fixed part cancels out). A difference
         # of two runs of 25-40 s moves by a second or more between pairs here, so --rollouts pairs, the
@@ -296,7 +299,7 @@ def main() -> int:
             "target <= 5 s)"
         )
         # All hosts on window 4096 again (not measured), then no-change runs on 1, 2 and 4 of them.
-        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra={"sglang_rollout_batch": "100%"})
+        bench.play("playbooks/sglang.yml", "-e", "window=4096", extra=ALL_AT_ONCE)
         # Interleaved (1, 2, 4 hosts, then again): the machine's speed drifts within minutes, and runs of one
         # host count after another would charge that drift to the host count.
         walls: dict[int, list[float]] = {1: [], 2: [], 4: []}
