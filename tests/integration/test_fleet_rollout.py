@@ -651,7 +651,7 @@ def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_
         time.sleep(2)  # the load runs before the first host leaves
         r = fleet.playbook("-e", f"window={window}", extra=crash, playbook="playbooks/sglang.yml")
     finally:
-        result = stop_load(load, out)
+        results = stop_load(load)
     text = " ".join(r.stdout.split())
     assert r.returncode != 0
     assert f"Deploy of sglang.service on {second} FAILED" in text, why(r)
@@ -664,9 +664,10 @@ def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_
     # The first host ran the new window in between (its deploy verified), then left the router and drained
     # again, and runs its configuration from before the run: the same files, a new verified invocation.
     rolling = rolling_play(r.stdout).split("PLAY [Revert the hosts this run changed", 1)[0]
-    assert f"{first} left {ROUTER}" in rolling and f"{second} left {ROUTER}" in rolling
+    left = f"left {', '.join(ROUTERS)}: drained"
+    assert f"{first} {left}" in " ".join(rolling.split()) and f"{second} {left}" in " ".join(rolling.split())
     revert = r.stdout.split("PLAY [Revert the hosts this run changed", 1)[1]
-    assert f"{first} left {ROUTER}" in " ".join(revert.split()) and f"[{second}]" not in revert
+    assert f"{first} {left}" in " ".join(revert.split()) and f"[{second}]" not in revert
     for host in GPU:
         now = host_state(fleet, host)
         assert now["files"] == before[host]["files"] and now["pending"] == "", host
@@ -686,15 +687,21 @@ def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_
     run = max((REPO / "out" / "deploy").iterdir(), key=lambda d: d.stat().st_mtime)
     report = json.loads((run / f"{first}.json").read_text())
     assert report["result"] == "reverted_by_run" and report["invocation_id"] == fleet.invocation(first)
-    # Behind the router all along: a ready worker in every sample, no request to the first host while it
-    # was out (its deploy, then its revert), and no failed request.
-    samples = result["samples"]
-    assert all(ready for _, ready, _ in samples), [s for s in samples if not s[1]][:5]
-    windows = out_of_router_windows(samples, fleet.url(first))
-    assert len(windows) == 2, windows
-    arrivals = fleet.chat_arrivals(first, result["started"])
-    late = [t for first_seen, last_seen in windows for t in arrivals if first_seen + 0.3 < t < last_seen]
-    assert arrivals and not late, (windows, late)
-    failed = load_failures(result)
-    print(f"FAILED REQUESTS (fleet revert): {failed} of {result['requests']}; samples {len(samples)}")
-    assert failed == 0, result["failures"]
+    # Behind the routers all along: a ready worker in every sample of each, the first host out of each twice
+    # (its deploy, then its revert), no request to it while both showed it out, and no failed request.
+    for router, result in results.items():
+        samples = result["samples"]
+        assert all(ready for _, ready, _ in samples), (router, [s for s in samples if not s[1]][:5])
+        assert len(out_of_router_windows(samples, fleet.url(first))) == 2, router
+        failed = load_failures(result)
+        print(f"FAILED REQUESTS (fleet revert) through {router}: {failed} of {result['requests']}")
+        assert failed == 0, (router, result["failures"])
+    out_of_both = [
+        (max(a[0], b[0]), min(a[1], b[1]))
+        for a in out_of_router_windows(results[ROUTERS[0]]["samples"], fleet.url(first))
+        for b in out_of_router_windows(results[ROUTERS[1]]["samples"], fleet.url(first))
+        if max(a[0], b[0]) < min(a[1], b[1])
+    ]
+    arrivals = fleet.chat_arrivals(first, min(result["started"] for result in results.values()))
+    late = [t for start, end in out_of_both for t in arrivals if start + 0.3 < t < end]
+    assert len(out_of_both) == 2 and arrivals and not late, (out_of_both, late)
