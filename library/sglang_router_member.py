@@ -207,6 +207,7 @@ import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_lock import LockError, ensure_dir
+from ansible.module_utils.sglang_systemd import parse_show, show_command
 
 
 class RouterError(Exception):
@@ -243,8 +244,7 @@ def workers_of(router: str, status: int, body) -> list[dict]:
 
 def unit_installed(show: str) -> bool:
     """Whether ``systemctl show -p LoadState`` output names an installed unit (not-found: never installed)."""
-    fields = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
-    return fields.get("LoadState", "") != "not-found"
+    return parse_show(show).get("LoadState", "") != "not-found"
 
 
 def same_url(a: str, b: str) -> bool:
@@ -543,7 +543,10 @@ def main() -> None:
     member = Member(p, module.check_mode)
     try:
         if p["state"] == "query" and p["service"]:
-            rc, show, err = module.run_command(["systemctl", "show", "-p", "LoadState", "--", p["service"]])
+            rc, show, err = module.run_command(
+                show_command("systemctl", p["service"], ("LoadState",)),
+                environ_update={"LANG": "C", "LC_ALL": "C"},
+            )
             if rc != 0:
                 module.fail_json(msg=f"systemctl show {p['service']} failed ({rc}): {err.strip()}")
             member.query(show)
