@@ -644,7 +644,8 @@ def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_
     }
     assert all(state["pending"] == "" for state in before.values())
     crashes = "{'SGLANG_LAB_CRASH_AFTER': '3'} if inventory_hostname == '" + second + "' else {}"
-    crash = {"sglang_environment": "{{ " + crashes + " }}"}
+    # A report directory of its own: lab files running beside this one write runs under out/deploy too.
+    crash = {"sglang_environment": "{{ " + crashes + " }}", "deploy_report_dir": str(tmp_path / "report")}
     out = tmp_path / "load.json"
     load = fleet.start_load(out, clients=2)
     try:
@@ -684,8 +685,7 @@ def test_a_failure_on_the_second_batch_reverts_the_first_behind_the_router_with_
     assert int(history[1]["args"]["speculative_draft_window_size"]) == before[first]["window"]
     assert f"{second} failed in a later batch" in history[1]["failure"]
     assert history[1]["invocation_id"] == fleet.invocation(first)
-    run = max((REPO / "out" / "deploy").iterdir(), key=lambda d: d.stat().st_mtime)
-    report = json.loads((run / f"{first}.json").read_text())
+    report = json.loads((tmp_path / "report" / f"{first}.json").read_text())
     assert report["result"] == "reverted_by_run" and report["invocation_id"] == fleet.invocation(first)
     # Behind the routers all along: a ready worker in every sample of each, the first host out of each twice
     # (its deploy, then its revert), no request to it while both showed it out, and no failed request.
