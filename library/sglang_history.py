@@ -76,6 +76,13 @@ options:
             is not checked."
         type: dict
         default: {}
+      keep_replaced:
+        description:
+          - A path beside O(known_good.dir). The set this one replaces is kept, and the path becomes a
+            symlink to it (no set replaced, as on a fresh host, and the path goes). What the rolling play
+            reverts to after a Failed canary, an abort or a later batch's failure.
+          - A kept set stays until the next switch with O(known_good.keep_replaced) or until the path goes.
+        type: path
   clear_pending:
     description:
       - With O(record), the pending marker C(sglang_unit) wrote before it replaced the files. Once the

@@ -22,8 +22,8 @@ mode      check, plan, rollout (the first play of playbooks/sglang.yml over seve
 The plan: ``refusals`` (each message whole), ``install`` (what install.yml brings to the wanted state),
 ``inspectable``, ``build_argv``, ``prepare`` (install.yml has work), ``canary_bakes`` (this host is the first
 batch of a rollout behind a router that bakes and is judged: playbooks/sglang.yml, tasks/canary.yml),
-``keep_before_run`` (the rolling play keeps the known-good set aside before the restart: what a Failed canary
-or the fleet revert restores, tasks/revert.yml),
+``keep_before_run`` (the rolling play's verified restart keeps the known-good set it replaces: what a Failed
+canary or the fleet revert restores, tasks/revert.yml),
 ``files`` (which file changes; ``current``: nothing to write; ``verified``: the files are the last verified
 ones), ``write``, ``apply`` (apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired,
 text}, as kolla-ansible's compare_container returns its differences), ``restart_now``, ``defer``,

@@ -28,6 +28,7 @@ KNOWN_GOOD_OPTIONS = dict(
     meta=dict(type="dict", default={}),
     api_key=dict(type="str", default="", no_log=True),
     sha256=dict(type="dict", default={}),
+    keep_replaced=dict(type="path"),
 )
 
 # The options of textfile (argument spec), the same in both modules.
@@ -129,22 +130,26 @@ def keep_known_good(spec, write):
         # sha256_checked: the files whose hash was the one the verified restart ran (all, in the role).
         meta = dict(spec["meta"], api_key=spec["api_key"], sha256_checked=sorted(expected), **hashes)
         files[spec["meta_name"]] = (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()
-        switch_known_good(spec["dir"], files)
+        switch_known_good(spec["dir"], files, keep_replaced=spec.get("keep_replaced"))
     return hashes
 
 
-def switch_known_good(link, files):
+def switch_known_good(link, files, keep_replaced=None):
     """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
     ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
-    symlink over it, and the generation it replaced is removed. A reader (the rollback, the boot-time heal)
-    sees the old set or the new one, never a mix. The other services' files of the current generation are
-    carried into the new one (one known-good directory serves every service of the host), under a flock of
-    the parent directory so that two services switching at once lose neither. ``link`` still a real
-    directory (a set kept by an older version of the role) is first renamed to ``<link>.legacy-<ns>`` (the
-    one step that is not atomic: a crash right after it leaves no known-good set, and the next run restarts
-    with proof as on a fresh host)."""
+    symlink over it. A reader (the rollback, the boot-time heal) sees the old set or the new one, never a mix.
+    The other services' files of the current generation are carried into the new one (one known-good
+    directory serves every service of the host), under a flock of the parent directory so that two services
+    switching at once lose neither. ``keep_replaced`` (a path beside ``link``): the generation this switch
+    replaces stays, and that path becomes a symlink to it (none replaced: the path goes), by the same kind of
+    rename. A generation no symlink of the parent names is removed. ``link`` still a real directory (a set
+    kept by an older version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is
+    not atomic: a crash right after it leaves no known-good set, and the next run restarts with proof as on a
+    fresh host)."""
     link = link.rstrip("/")
     parent, base = os.path.dirname(link) or ".", os.path.basename(link)
+    if keep_replaced is not None and os.path.dirname(keep_replaced.rstrip("/")) != parent:
+        raise ValueError(f"keep_replaced {keep_replaced} is not beside {link}")
     os.makedirs(parent, mode=0o750, exist_ok=True)
     guard = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -163,19 +168,40 @@ def switch_known_good(link, files):
         for name, data in kept.items():
             replace_file(os.path.join(new, name), data, 0o600)
         fsync_dir(new)
+        replaced = os.readlink(link) if os.path.islink(link) else None
         if os.path.isdir(link) and not os.path.islink(link):
-            os.rename(link, os.path.join(parent, f"{base}.legacy-{stamp}"))
-        tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(generation, tmp)
-        os.rename(tmp, link)
+            replaced = f"{base}.legacy-{stamp}"
+            os.rename(link, os.path.join(parent, replaced))
+        point(link, generation)
+        if keep_replaced is not None:
+            point(keep_replaced.rstrip("/"), replaced)
         fsync_dir(parent)
+        named = {
+            os.readlink(path)
+            for path in (os.path.join(parent, n) for n in os.listdir(parent))
+            if os.path.islink(path)
+        }
         for name in os.listdir(parent):
-            if name.startswith(base + ".") and name != generation:
+            if name.startswith(base + ".") and name not in named:
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     finally:
         os.close(guard)
+
+
+def point(path, target):
+    """``path`` becomes a symlink to ``target`` (a name in its directory) by one rename(2); None: ``path``
+    goes. A real directory at ``path`` (a set an older version of the role copied there) goes first."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    if target is None:
+        if os.path.lexists(path):
+            os.unlink(path)
+        return
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.rename(tmp, path)
 
 
 def read_pending(path):
@@ -306,7 +332,7 @@ def write(
     if known_good is not None:
         try:
             entry.update(keep_known_good(known_good, write=not check_mode))
-        except NotVerified as exc:
+        except (NotVerified, ValueError) as exc:
             raise NotRecorded(f"not kept as known-good, not recorded: {exc}") from None
         except OSError as exc:
             raise NotRecorded(

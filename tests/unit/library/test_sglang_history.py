@@ -183,6 +183,75 @@ def test_the_known_good_switch_of_one_service_keeps_the_other_services_sets(run_
     assert len([p for p in state.iterdir() if p.name.startswith("known-good.")]) == 1
 
 
+def test_a_switch_with_keep_replaced_keeps_the_set_it_replaces_until_the_next_such_switch(
+    run_module, tmp_path
+):
+    """Issue 39 (revert the run): the rolling play's verified restart keeps the set it replaces
+    (keep_replaced, a symlink beside the known-good one); every other switch spares it; the next keeping
+    switch replaces it; a host with no verified set keeps none (an older kept set, even a directory an
+    older role copied, goes)."""
+    state = tmp_path / "state"
+    link, before = state / "known-good", state / "before-run"
+    before.mkdir(parents=True)
+    (before / "sglang.json").write_text('{"window": 512}\n')  # kept by an earlier run of an older role
+
+    def keep(service, window, keep_replaced=True):
+        unit, env = tmp_path / f"{service}.service", tmp_path / f"{service}.env"
+        unit.write_text(f"[Service]\nExecStart=/bin/true {window}\n")
+        env.write_text(f"W={window}\n")
+        known_good = {
+            "dir": str(link),
+            "files": {"unit": str(unit), "env": str(env)},
+            "meta_name": f"{service}.json",
+            "meta": {"window": window},
+            "api_key": "",
+        }
+        if keep_replaced:
+            known_good["keep_replaced"] = str(before)
+        args = {
+            "path": str(tmp_path / "history.jsonl"),
+            "record": {"result": "verified"},
+            "known_good": known_good,
+        }
+        return run_module("sglang_history", args)
+
+    def generations():
+        return sorted(p.name for p in state.iterdir() if p.name.startswith("known-good."))
+
+    assert not keep("sglang", 2048)[1]
+    assert not os.path.lexists(before)  # nothing was verified before: nothing to revert to
+    first = os.readlink(link)
+    assert not keep("sglang", 4096)[1]
+    assert os.readlink(before) == first and json.loads((before / "sglang.json").read_text())["window"] == 2048
+    second = os.readlink(link)
+    assert generations() == sorted([first, second])
+    # Another service's switch (no keep_replaced) spares the kept set; the generation it replaces goes.
+    assert not keep("sglang-b", 1024, keep_replaced=False)[1]
+    third = os.readlink(link)
+    assert generations() == sorted([first, third]) and os.readlink(before) == first
+    assert (link / "sglang.env").read_text() == "W=4096\n" and (
+        before / "sglang.env"
+    ).read_text() == "W=2048\n"
+    # The next keeping switch keeps the set it replaces; the set kept before goes.
+    assert not keep("sglang", 8192)[1]
+    assert os.readlink(before) == third and generations() == sorted([third, os.readlink(link)])
+    # A path not beside the known-good set is refused, nothing switched.
+    current = os.readlink(link)
+    args = {
+        "path": str(tmp_path / "history.jsonl"),
+        "record": {"result": "verified"},
+        "known_good": {
+            "dir": str(link),
+            "files": {"unit": str(tmp_path / "sglang.service")},
+            "meta_name": "sglang.json",
+            "keep_replaced": str(tmp_path / "elsewhere" / "before-run"),
+        },
+    }
+    result, failed = run_module("sglang_history", args)
+    assert failed and "is not beside" in result["msg"] and "not recorded" in result["msg"], result
+    assert os.readlink(link) == current and os.readlink(before) == third
+
+
 def test_known_good_keeps_the_verified_files_and_records_their_hashes(run_module, tmp_path):
     import hashlib
 
