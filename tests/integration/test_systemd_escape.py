@@ -71,8 +71,14 @@ try:
         if pid:
             break
         time.sleep(0.1)
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        out["cmdline"] = base64.b64encode(f.read()).decode()
+    # Type=simple: MainPID is set at the fork, and until the exec the child is named "(python3)".
+    for _ in range(100):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        if cmdline and not cmdline.startswith(b"("):
+            break
+        time.sleep(0.1)
+    out["cmdline"] = base64.b64encode(cmdline).decode()
     with open(f"/proc/{pid}/environ", "rb") as f:
         out["environ"] = base64.b64encode(f.read()).decode()
 finally:
