@@ -153,6 +153,17 @@ options:
             description: The name of its metadata file.
             type: str
             required: true
+          from_dir:
+            description:
+              - A revert's kept set (the configuration the rolling play replaced). Its metadata and
+                O(record.known_good_invocation.files) become the known-good set, with this invocation (the
+                other services' files of the current set carried over).
+            type: path
+          files:
+            description: With O(record.known_good_invocation.from_dir), the names of the copies it takes.
+            type: list
+            elements: str
+            default: []
       textfile:
         description:
           - The node_exporter textfile to rewrite from the record (the C(textfile) option of
@@ -370,7 +381,12 @@ ARGUMENT_SPEC = dict(
             clear_pending=dict(type="path"),
             known_good_invocation=dict(
                 type="dict",
-                options=dict(dir=dict(type="path", required=True), meta_name=dict(type="str", required=True)),
+                options=dict(
+                    dir=dict(type="path", required=True),
+                    meta_name=dict(type="str", required=True),
+                    from_dir=dict(type="path"),
+                    files=dict(type="list", elements="str", default=[]),
+                ),
             ),
             textfile=dict(type="dict", options=TEXTFILE_OPTIONS),
         ),

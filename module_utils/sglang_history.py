@@ -136,16 +136,16 @@ def keep_known_good(spec, write):
 
 def switch_known_good(link, files, keep_replaced=None):
     """The whole set, atomically: every file is written (fsynced, 0600) into a new directory
-    ``<link>.<ns>/`` (0700) beside ``link``, then ``link`` becomes a symlink to it by ONE rename(2) of a new
-    symlink over it. A reader (the rollback, the boot-time heal) sees the old set or the new one, never a mix.
-    The other services' files of the current generation are carried into the new one (one known-good
-    directory serves every service of the host), under a flock of the parent directory so that two services
-    switching at once lose neither. ``keep_replaced`` (a path beside ``link``): the generation this switch
-    replaces stays, and that path becomes a symlink to it (none replaced: the path goes), by the same kind of
-    rename. A generation no symlink of the parent names is removed. ``link`` still a real directory (a set
-    kept by an older version of the role) is first renamed to ``<link>.legacy-<ns>`` (the one step that is
-    not atomic: a crash right after it leaves no known-good set, and the next run restarts with proof as on a
-    fresh host)."""
+    ``<link>.<ns>/`` (0700) beside ``link`` (a name whose content is None is left out), then ``link``
+    becomes a symlink to it by ONE rename(2) of a new symlink over it. A reader (the rollback, the boot-time
+    heal) sees the old set or the new one, never a mix. The other services' files of the current generation
+    are carried into the new one (one known-good directory serves every service of the host), under a flock
+    of the parent directory so that two services switching at once lose neither. ``keep_replaced`` (a path
+    beside ``link``): the generation this switch replaces stays, and that path becomes a symlink to it (none
+    replaced: the path goes), by the same kind of rename. A generation no symlink of the parent names is
+    removed. ``link`` still a real directory (a set kept by an older version of the role) is first renamed
+    to ``<link>.legacy-<ns>`` (the one step that is not atomic: a crash right after it leaves no known-good
+    set, and the next run restarts with proof as on a fresh host)."""
     link = link.rstrip("/")
     parent, base = os.path.dirname(link) or ".", os.path.basename(link)
     if keep_replaced is not None and os.path.dirname(keep_replaced.rstrip("/")) != parent:
@@ -166,7 +166,8 @@ def switch_known_good(link, files, keep_replaced=None):
                     with open(os.path.join(link, name), "rb") as handle:
                         kept[name] = handle.read()
         for name, data in kept.items():
-            replace_file(os.path.join(new, name), data, 0o600)
+            if data is not None:  # None: the name is not part of the new generation
+                replace_file(os.path.join(new, name), data, 0o600)
         fsync_dir(new)
         replaced = os.readlink(link) if os.path.islink(link) else None
         if os.path.isdir(link) and not os.path.islink(link):
@@ -288,8 +289,11 @@ def set_known_good_invocation(spec, invocation_id, write):
     """The known-good set stays as it is; its metadata's ``invocation_id`` becomes ``invocation_id`` (a new
     generation, the set's other files carried over: switch_known_good). A rollback verified that set again in
     a new invocation, which is the last verified one now: what the drift check (P17) compares the running
-    invocation with. Raises NotRecorded."""
-    meta_path = os.path.join(spec["dir"], spec["meta_name"])
+    invocation with. With ``from_dir`` (a revert: the set the rolling play kept), that set's metadata and
+    its ``files`` (copy names; one it lacks goes from the new generation too) become the known-good set
+    instead, the other services' files carried over. Raises NotRecorded."""
+    source = spec.get("from_dir") or spec["dir"]
+    meta_path = os.path.join(source, spec["meta_name"])
     try:
         with open(meta_path, "rb") as handle:
             meta = json.loads(handle.read())
@@ -298,11 +302,19 @@ def set_known_good_invocation(spec, invocation_id, write):
     if not isinstance(meta, dict):
         raise NotRecorded(f"the known-good metadata {meta_path} is not a JSON object")
     meta["invocation_id"] = invocation_id
+    files = {spec["meta_name"]: (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()}
+    if spec.get("from_dir"):
+        for name in spec.get("files") or []:
+            try:
+                with open(os.path.join(source, name), "rb") as handle:
+                    files[name] = handle.read()
+            except FileNotFoundError:
+                files[name] = None
+            except OSError as exc:
+                raise NotRecorded(f"cannot read the kept copy {os.path.join(source, name)}: {exc}") from None
     if write:
         try:
-            switch_known_good(
-                spec["dir"], {spec["meta_name"]: (json.dumps(meta, indent=4, sort_keys=True) + "\n").encode()}
-            )
+            switch_known_good(spec["dir"], files)
         except OSError as exc:
             raise NotRecorded(
                 f"cannot update the known-good metadata {meta_path}: {exc.strerror or exc}"
@@ -320,9 +332,9 @@ def write(
     textfile=None,
 ):
     """Keep ``known_good`` (when given) or set the known-good set's invocation (``known_good_invocation``:
-    ``{dir, meta_name, invocation_id}``), append ``record`` with its time, clear the pending marker, then
-    rewrite the ``textfile`` (when given, TEXTFILE_OPTIONS); returns (the entry as written, whether a pending
-    marker was cleared, what ``write_textfile`` returned or None). Raises NotRecorded."""
+    ``{dir, meta_name, invocation_id, from_dir, files}``), append ``record`` with its time, clear the pending
+    marker, then rewrite the ``textfile`` (when given, TEXTFILE_OPTIONS); returns (the entry as written,
+    whether a pending marker was cleared, what ``write_textfile`` returned or None). Raises NotRecorded."""
     entry = {"time": now_utc()}
     entry.update({k: v for k, v in record.items() if k != "time"})
     if known_good_invocation is not None:

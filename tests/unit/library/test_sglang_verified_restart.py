@@ -590,6 +590,46 @@ def test_a_verified_rollback_makes_its_invocation_the_last_verified_one(monkeypa
     assert json.loads((tmp_path / "history.jsonl").read_text().splitlines()[-1])["result"] == "rolled_back"
 
 
+def test_a_verified_revert_makes_the_kept_set_the_known_good_one(monkeypatch, tmp_path):
+    """A revert's record (known_good_invocation.from_dir: the set the rolling play kept, before-run): once the
+    restored set is verified, its metadata (with the revert's invocation) and its copies become the known-good
+    set in one switch; a copy it lacks is not carried over from the set it replaces, another service's files
+    are."""
+    spec = _record_spec(tmp_path)
+    spec["known_good"]["keep_replaced"] = str(tmp_path / "before-run")
+    args = {"unit": "vr-healthy", "port": 18001, "api_key": SECRET, "stable_seconds": 1}
+    for window in (2048, 4096):  # the second keeping switch keeps the first set
+        (tmp_path / "vr-healthy.service").write_text(f"[Service]\nExecStart=/bin/true {window}\n")
+        spec["known_good"]["meta"] = {"unit": "vr-healthy", "window": window}
+        spec["known_good"]["sha256"] = {}
+        replay = Replay("healthy-restart.jsonl")
+        replay.ready_at_us = replay.request_us + 1_500_000
+        res = run(monkeypatch, replay, dict(args, record=spec), tree="healthy")
+        assert not res.get("failed"), res["msg"]
+    kg, before = tmp_path / "known-good", tmp_path / "before-run"
+    assert json.loads((before / "meta.json").read_text())["window"] == 2048
+    (kg / "vr-healthy.yaml").write_text("config: of this run\n")  # a copy the kept set lacks
+    (kg / "other.json").write_text("{}\n")  # another service's
+    revert = {
+        "path": spec["path"],
+        "entry": {"result": "reverted_by_run"},
+        "known_good_invocation": {
+            "dir": str(kg),
+            "meta_name": "meta.json",
+            "from_dir": str(before),
+            "files": ["vr-healthy.service", "vr-healthy.yaml"],
+        },
+    }
+    replay = Replay("healthy-restart.jsonl")
+    replay.ready_at_us = replay.request_us + 1_500_000
+    res = run(monkeypatch, replay, dict(args, record=revert), tree="healthy")
+    assert not res.get("failed"), res["msg"]
+    meta = json.loads((kg / "meta.json").read_text())
+    assert meta["window"] == 2048 and meta["invocation_id"] == res["invocation_id"]
+    assert (kg / "vr-healthy.service").read_text().endswith(" 2048\n")
+    assert sorted(p.name for p in kg.iterdir()) == ["meta.json", "other.json", "vr-healthy.service"]
+
+
 # ------------------------------------------------------------------------ speculation takes effect (P25)
 SPEC_FIX = FIXTURES / "speculation"
 
