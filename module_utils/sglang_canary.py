@@ -251,6 +251,19 @@ def describe(check):
     )
 
 
+def stop(host, verdict, reason):
+    """Why the rollout stops after the canary ``host``'s ``verdict`` (canary.yml fails the run with it), or
+    None when it rolls on (Successful)."""
+    if verdict == "Failed":
+        return (
+            f"Canary {host} FAILED its verdict and was rolled back ({reason}); the rollout stops, the other "
+            "hosts untouched."
+        )
+    if verdict == "Inconclusive":
+        return f"Canary {host} is HOLDING: verdict Inconclusive ({reason}). {RESUME[0].upper()}{RESUME[1:]}."
+    return None
+
+
 def hold(word, held, hosts):
     """What the first play does about a held rollout, before anything changes.
 

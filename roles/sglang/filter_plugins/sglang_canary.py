@@ -1,6 +1,7 @@
 # Copyright: (c) 2026, the sglang-deploy authors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A held rollout's decision (module_utils/sglang_canary.py ``hold``), on the controller.
+"""A held rollout's decision (module_utils/sglang_canary.py ``hold``) and why a canary's verdict stops the
+rollout (``stop``), on the controller.
 
 ``hosts | sglang_canary_hold(slurps, word)``: ``slurps`` the slurp result of each host's hold marker (in
 the order of ``hosts``; a host without a marker has no ``content``), ``word`` the operator's ``-e canary``
@@ -35,6 +36,11 @@ def sglang_canary_hold(hosts, slurps, word):
     return _CANARY.hold(None if word is None else str(word), held, list(hosts))
 
 
+def sglang_canary_stop(host, verdict, reason):
+    """``host | sglang_canary_stop(verdict, reason)``: the run's failure message, None when it rolls on."""
+    return _CANARY.stop(str(host), verdict, reason)
+
+
 class FilterModule:
     def filters(self):
-        return {"sglang_canary_hold": sglang_canary_hold}
+        return {"sglang_canary_hold": sglang_canary_hold, "sglang_canary_stop": sglang_canary_stop}

@@ -199,3 +199,29 @@ RESUMED = (
 def test_a_held_rollout_goes_on_only_on_the_operators_word(word, held, refusal, abort, promote):
     plan = sc.hold(word, held, HOSTS)
     assert plan == {"refusal": refusal, "abort": abort, "promote": promote, "held": [h for h, _ in held]}
+
+
+# The verdicts recorded on the lab fleet (reports/failed, reports/inconclusive) and a Successful one.
+FAILED = json.loads((C / "reports" / "failed" / "canary.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "verdict, reason, message",
+    [
+        (
+            FAILED["verdict"],
+            FAILED["reason"],
+            f"Canary lab200 FAILED its verdict and was rolled back ({FAILED['reason']}); "
+            "the rollout stops, the other hosts untouched.",
+        ),
+        (
+            HELD["verdict"],
+            HELD["reason"],
+            f"Canary lab200 is HOLDING: verdict Inconclusive ({HELD['reason']}). "
+            "Resume with -e canary=promote (roll on) or -e canary=abort (roll the canary back).",
+        ),
+        ("Successful", "every figure within its limit", None),
+    ],
+)
+def test_the_run_stops_after_a_failed_or_inconclusive_verdict_saying_how_to_resume(verdict, reason, message):
+    assert sc.stop("lab200", verdict, reason) == message

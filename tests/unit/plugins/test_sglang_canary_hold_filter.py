@@ -41,3 +41,11 @@ def test_the_operators_word_resumes_and_an_unreadable_marker_still_holds():
     assert hold(["lab200", "lab201"], [slurped(MARKER), MISSING], "abort")["abort"] is True
     plan = hold(["lab200"], [slurped(b"{not json")], None)
     assert plan["held"] == ["lab200"] and "an unreadable hold marker" in plan["refusal"]
+
+
+def test_the_stop_filter_is_the_canarys_own_message():
+    stop = plugin.FilterModule().filters()["sglang_canary_stop"]
+    assert stop("lab200", "Inconclusive", "too little traffic").startswith(
+        "Canary lab200 is HOLDING: verdict Inconclusive (too little traffic). Resume with -e canary=promote"
+    )
+    assert stop("lab200", "Successful", "every figure within its limit") is None
