@@ -207,7 +207,7 @@ import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_lock import LockError, ensure_dir
-from ansible.module_utils.sglang_systemd import parse_show, show_command
+from ansible.module_utils.sglang_systemd import SystemctlError, show
 
 
 class RouterError(Exception):
@@ -240,11 +240,6 @@ def workers_of(router: str, status: int, body) -> list[dict]:
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("workers"), list):
         raise RouterError(f"router {router} answered GET /workers with {status}: {str(body)[:300]}")
     return body["workers"]
-
-
-def unit_installed(show: str) -> bool:
-    """Whether ``systemctl show -p LoadState`` output names an installed unit (not-found: never installed)."""
-    return parse_show(show).get("LoadState", "") != "not-found"
 
 
 def same_url(a: str, b: str) -> bool:
@@ -473,8 +468,8 @@ class Member:
             "(drain_policy=fail)"
         )
 
-    def query(self, show: str = "") -> None:
-        if not unit_installed(show):
+    def query(self, installed: bool = True) -> None:
+        if not installed:
             self.result.update(status="absent", installed=False, answered=False, workers_ready=0)
             return
         try:
@@ -543,13 +538,12 @@ def main() -> None:
     member = Member(p, module.check_mode)
     try:
         if p["state"] == "query" and p["service"]:
-            rc, show, err = module.run_command(
-                show_command("systemctl", p["service"], ("LoadState",)),
-                environ_update={"LANG": "C", "LC_ALL": "C"},
-            )
-            if rc != 0:
-                module.fail_json(msg=f"systemctl show {p['service']} failed ({rc}): {err.strip()}")
-            member.query(show)
+            try:
+                props = show(module, p["service"], ("LoadState",), systemctl="systemctl")
+            except SystemctlError as err:
+                module.fail_json(msg=str(err))
+            # not-found: never installed (the fleet's first deploy), nothing to leave.
+            member.query(installed=props.get("LoadState", "") != "not-found")
         else:
             getattr(member, p["state"])()
     except RouterError as err:

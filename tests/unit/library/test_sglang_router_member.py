@@ -205,7 +205,6 @@ INSTALLED = [
 def test_query_with_service_leaves_out_only_a_router_never_installed(monkeypatch, name, installed):
     show = (FIXTURES / "systemd" / name).read_text()
     module = load_module("sglang_router_member")
-    assert module.unit_installed(show) is installed
     asked = []
 
     def systemctl(_self, argv, **_kw):
