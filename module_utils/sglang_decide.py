@@ -27,7 +27,9 @@ canary or the fleet revert restores, tasks/revert.yml),
 ``files`` (which file changes; ``current``: nothing to write; ``verified``: the files are the last verified
 ones), ``write``, ``apply`` (apply.yml has work), ``parse``, ``restart`` (each reason {name, current, desired,
 text}, as kolla-ansible's compare_container returns its differences), ``restart_now``, ``defer``,
-``tidy_releases``, ``prove`` (verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the
+``leave_routers`` (the restart leaves the routers first and rejoins them after), ``renew_lock`` (the lease the
+leave and drain need is renewed first: the rolling play's probe took it already), ``tidy_releases``, ``prove``
+(verify.yml makes its own proof call), ``converged`` and ``blockers`` (why the
 host is not converged, first first).
 """
 
@@ -339,6 +341,8 @@ def decide(probe, rendered, want, mode):
         and not isinstance(probe.get("preflight"), dict),
         "restart": reasons,
         "restart_now": restart,
+        "leave_routers": restart and bool(want.get("routers")),
+        "renew_lock": restart and bool(want.get("routers")) and not mode.get("rolling"),
         "defer": defer,
         "tidy_releases": acts and inspectable and not check and not tidy,
         "prove": acts and inspectable and not restart and (check or not isinstance(proof, dict)),

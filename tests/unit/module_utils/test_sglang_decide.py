@@ -183,7 +183,24 @@ CASES = [
         lambda p: with_unit(on_disk(p)),
         {"routers": True},
         dict(DEPLOY, rolling=True, canary={"bake": 600, "baseline": 1, "decided": False}),
-        dict(canary_bakes=True, restart_now=True, defer=False),
+        # The rolling play's probe took the lease of the leave, drain and restart: no renewal first.
+        dict(canary_bakes=True, restart_now=True, defer=False, leave_routers=True, renew_lock=False),
+    ),
+    (
+        "behind a router, a restart outside the rolling play renews the lock before the leave",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": True},
+        DEPLOY,
+        dict(restart_now=True, leave_routers=True, renew_lock=True),
+    ),
+    (
+        "without a router, a restart leaves none and renews nothing",
+        converged_probe,
+        lambda p: with_unit(on_disk(p)),
+        {"routers": False},
+        dict(DEPLOY, rolling=True),
+        dict(restart_now=True, leave_routers=False, renew_lock=False),
     ),
     (
         "canary: a later batch (the run's canary judged) does not bake",
