@@ -35,6 +35,9 @@ FILES = "sha256sum /etc/systemd/system/sglang.service /etc/sglang/sglang.env /et
 HOLD = "/var/lib/sglang-deploy/canary-hold.json"
 BAKE = {"sglang_canary_delay": 1, "sglang_canary_bake": 6, "sglang_canary_min_requests": 20}
 FAULTY = {"SGLANG_LAB_SLOW": "3", "SGLANG_LAB_ERROR_RATE": "0.2"}
+# The tests' runs: deploy.yml's play that rolls the GPU hosts and judges the canary (its router play, run by
+# the fixture's deploy, is test_fleet_rollout.py's).
+SGLANG = "playbooks/sglang.yml"
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,7 @@ def test_a_slow_erroring_canary_fails_its_verdict_and_is_rolled_back_the_other_h
     load_out = tmp_path / "load.json"
     load = fleet.start_load(load_out, clients=3)
     extra = {**BAKE, "sglang_environment": FAULTY, "deploy_report_dir": str(tmp_path / "report")}
-    r = fleet.playbook("-e", "window=2048", extra=extra)
+    r = fleet.playbook("-e", "window=2048", extra=extra, playbook=SGLANG)
     result = stop_load(load)[fleet.router]
     print(f"load: {result['requests']} requests, {result['non_2xx']} non-2xx (smg retries a 500 elsewhere)")
     assert r.returncode != 0
@@ -104,7 +107,7 @@ def test_a_slow_erroring_canary_fails_its_verdict_and_is_rolled_back_the_other_h
 def test_too_little_traffic_holds_and_promote_rolls_on(fleet, tmp_path):
     before = {h: state(fleet, h) for h in GPU}
     extra = {**BAKE, "deploy_report_dir": str(tmp_path / "report")}
-    r = fleet.playbook("-e", "window=4096", extra=extra)
+    r = fleet.playbook("-e", "window=4096", extra=extra, playbook=SGLANG)
     assert r.returncode != 0
     assert f"Canary {CANARY} is HOLDING: verdict Inconclusive" in r.stdout, why(r)
     assert held(fleet, CANARY) and not held(fleet, OTHER)
@@ -113,7 +116,7 @@ def test_too_little_traffic_holds_and_promote_rolls_on(fleet, tmp_path):
     holding = state(fleet, CANARY)
 
     # without the operator's word: refused before anything changes, saying how to resume
-    r = fleet.playbook("-e", "window=4096", extra=extra)
+    r = fleet.playbook("-e", "window=4096", extra=extra, playbook=SGLANG)
     assert r.returncode != 0
     assert "The rollout is HOLDING after an Inconclusive canary verdict on " + CANARY in " ".join(
         r.stdout.split()
@@ -121,7 +124,7 @@ def test_too_little_traffic_holds_and_promote_rolls_on(fleet, tmp_path):
     assert "-e canary=promote" in r.stdout and "-e canary=abort" in r.stdout
     assert state(fleet, CANARY) == holding and state(fleet, OTHER) == before[OTHER]
 
-    r = fleet.playbook("-e", "window=4096", "-e", "canary=promote", extra=extra)
+    r = fleet.playbook("-e", "window=4096", "-e", "canary=promote", extra=extra, playbook=SGLANG)
     assert r.returncode == 0, why(r)
     assert "Bake the canary in the router's rotation" not in r.stdout.replace("skipping", "")
     assert state(fleet, CANARY) == holding  # promoted as it ran
@@ -133,9 +136,9 @@ def test_too_little_traffic_holds_and_promote_rolls_on(fleet, tmp_path):
 def test_a_held_canary_aborted_is_rolled_back_and_the_rest_untouched(fleet, tmp_path):
     before = {h: state(fleet, h) for h in GPU}
     extra = {**BAKE, "deploy_report_dir": str(tmp_path / "report")}
-    r = fleet.playbook("-e", "window=8192", extra=extra)
+    r = fleet.playbook("-e", "window=8192", extra=extra, playbook=SGLANG)
     assert r.returncode != 0 and held(fleet, CANARY), why(r)
-    r = fleet.playbook("-e", "window=8192", "-e", "canary=abort", extra=extra)
+    r = fleet.playbook("-e", "window=8192", "-e", "canary=abort", extra=extra, playbook=SGLANG)
     assert r.returncode == 0, why(r)
     after = {h: state(fleet, h) for h in GPU}
     assert after[OTHER] == before[OTHER]
