@@ -16,15 +16,24 @@ lives (the last reading before `labctl down` removes it counts). Only the hosts 
 --hosts-prefix are counted (other runs' hosts on the machine are not this command's work). --procs N
 also reads every process of those cgroups each interval and prints the N command lines that used the
 most CPU, and the same summed per program (processes shorter than an interval are missed: compare the
-attributed sum with the total). Root only (cgroups). Prints a summary line and a JSON line.
+attributed sum with the total). --acct FILE counts EVERY process of the machine that ends while the command
+runs, however short (BSD process accounting, acct(2), into FILE; the kernel writes a record per exit, lab
+hosts' processes included; run nothing else beside it): CPU by kind - ansible-playbook (the runs and their
+forks), the modules Ansible runs on the lab hosts (python3 below their sshd), the lab SGLang servers and
+SGLang parses there (python), the rest of the lab hosts, the rest of the controller - and how many pythons
+there took over PARSE_MISS_S (an import of SGLang and torch: no cached parse). Root only (cgroups). Prints a
+summary line and a JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -55,6 +64,72 @@ def tree_usage(cg: Path, kind: str) -> float:
     return usage_seconds(cg, kind) or 0.0
 
 
+# acct(2)'s version-3 record (linux/acct.h struct acct_v3): 64 bytes, times as comp_t in AHZ (100) ticks.
+ACCT_RECORD = struct.Struct("<BBHIIIIIIfHHHHHHHH16s")
+ACCT_HZ = 100
+# A python on a lab host that took this much CPU imported SGLang and torch (no cached parse): ~12 s here.
+PARSE_MISS_S = 5.0
+
+
+def comp_t(value: int) -> int:
+    """comp_t: 13-bit mantissa, 3-bit base-8 exponent."""
+    return (value & 0x1FFF) << (3 * (value >> 13))
+
+
+def acct_records(path: Path) -> dict[int, tuple[str, int, float]]:
+    """pid -> (command name, parent pid, CPU seconds) of every process the accounting file recorded."""
+    data = path.read_bytes()
+    records = {}
+    for offset in range(0, len(data) - ACCT_RECORD.size + 1, ACCT_RECORD.size):
+        fields = ACCT_RECORD.unpack_from(data, offset)
+        pid, ppid, utime, stime, comm = fields[6], fields[7], fields[10], fields[11], fields[-1]
+        name = comm.split(b"\0", 1)[0].decode(errors="replace")
+        records[pid] = (name, ppid, (comp_t(utime) + comp_t(stime)) / ACCT_HZ)
+    return records
+
+
+def acct_kinds(records: dict[int, tuple[str, int, float]]) -> dict:
+    """CPU seconds by kind, from each process's ancestors (a lab host's processes descend from its
+    systemd-nspawn; an Ansible module there from its sshd)."""
+
+    def ancestors(pid: int) -> list[str]:
+        names, seen = [], set()
+        while pid in records and pid not in seen:
+            seen.add(pid)
+            pid = records[pid][1]
+            if pid in records:
+                names.append(records[pid][0])
+        return names
+
+    cpu: dict[str, float] = collections.defaultdict(float)
+    runs = modules = servers = misses = 0
+    for pid, (name, ppid, seconds) in records.items():
+        above = ancestors(pid)
+        if "systemd-nspawn" in above or name == "systemd-nspawn":
+            if name == "python3" and "sshd" in above:
+                kind, modules = "lab hosts: Ansible modules", modules + 1
+            elif name == "python":
+                kind = "lab hosts: lab servers and SGLang parses"
+                servers += 1
+                misses += seconds >= PARSE_MISS_S
+            else:
+                kind = "lab hosts: the rest"
+        elif name == "ansible-playboo":  # comm is 15 characters
+            kind = "controller: ansible-playbook"
+            runs += records.get(ppid, ("",))[0] != "ansible-playboo"
+        else:
+            kind = "controller: the rest"
+        cpu[kind] += seconds
+    return {
+        "cpu_s": {kind: round(value, 1) for kind, value in sorted(cpu.items(), key=lambda kv: -kv[1])},
+        "processes": len(records),
+        "ansible_playbook_runs": runs,
+        "module_runs": modules,
+        "python_on_hosts": servers,
+        "parse_misses": misses,
+    }
+
+
 def program(cmdline: str) -> str:
     """A short name of what a process runs: the program, and for an interpreter its module or script."""
     words = cmdline.split()
@@ -80,6 +155,7 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=0, help="print the N costliest command lines")
     parser.add_argument("--json", type=Path, help="append the summary as one JSON line to this file")
     parser.add_argument("--label", default="", help="a name for the JSON line")
+    parser.add_argument("--acct", type=Path, help="BSD process accounting into this file: CPU by kind")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -155,6 +231,12 @@ def main() -> int:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     loadavg_before = os.getloadavg()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if args.acct:
+        args.acct.write_bytes(b"")
+        if libc.acct(os.fsencode(args.acct)) != 0:
+            print(f"lab_cpu: acct({args.acct}): {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+            return 2
     start = time.monotonic()
     proc = subprocess.Popen(command, preexec_fn=lambda: (mine / "cgroup.procs").write_text(str(os.getpid())))
     try:
@@ -166,6 +248,8 @@ def main() -> int:
     time.sleep(args.interval)  # daemons of the command (ssh masters) may still be exiting
     stop.set()
     sampler.join()
+    if args.acct:
+        libc.acct(None)
     controller = tree_usage(mine, kind)
     # Leftover processes (an ssh master with ControlPersist): counted so far, moved out so the cgroup goes.
     try:
@@ -212,6 +296,17 @@ def main() -> int:
         summary["procs_top"] = [
             [place, cmdline, round(cpu, 1)] for place, cmdline, cpu in ranked[: args.procs]
         ]
+    if args.acct:
+        summary["acct"] = acct_kinds(acct_records(args.acct))
+        acct = summary["acct"]
+        print(
+            f"lab_cpu: acct: {acct['processes']} processes, {acct['ansible_playbook_runs']} ansible-playbook "
+            f"runs, "
+            f"{acct['module_runs']} module runs on lab hosts, {acct['parse_misses']} of "
+            f"{acct['python_on_hosts']} pythons there over {PARSE_MISS_S:.0f} s CPU; CPU s by kind:"
+        )
+        for kind, seconds in acct["cpu_s"].items():
+            print(f"  {seconds:8.1f} s  {kind}")
     print(json.dumps(summary))
     if args.json:
         with args.json.open("a") as handle:
