@@ -76,35 +76,42 @@ def comp_t(value: int) -> int:
     return (value & 0x1FFF) << (3 * (value >> 13))
 
 
-def acct_records(path: Path) -> dict[int, tuple[str, int, float]]:
-    """pid -> (command name, parent pid, CPU seconds) of every process the accounting file recorded."""
+def acct_records(path: Path) -> list[tuple[str, int | None, float]]:
+    """(command name, index of the parent's record or None, CPU seconds) of every process the accounting file
+    recorded, in the order they ended. Pids are reused over a long run (pid_max 32768 here): a process's
+    parent is the next process to END with its parent pid, the parent ending after its children."""
     data = path.read_bytes()
-    records = {}
+    rows = []
     for offset in range(0, len(data) - ACCT_RECORD.size + 1, ACCT_RECORD.size):
         fields = ACCT_RECORD.unpack_from(data, offset)
         pid, ppid, utime, stime, comm = fields[6], fields[7], fields[10], fields[11], fields[-1]
         name = comm.split(b"\0", 1)[0].decode(errors="replace")
-        records[pid] = (name, ppid, (comp_t(utime) + comp_t(stime)) / ACCT_HZ)
+        rows.append((pid, ppid, name, (comp_t(utime) + comp_t(stime)) / ACCT_HZ))
+    records: list[tuple[str, int | None, float]] = [("", None, 0.0)] * len(rows)
+    ended_later: dict[int, int] = {}  # pid -> the index of the next record (in exit order) with that pid
+    for index in range(len(rows) - 1, -1, -1):
+        pid, ppid, name, seconds = rows[index]
+        records[index] = (name, ended_later.get(ppid), seconds)
+        ended_later[pid] = index
     return records
 
 
-def acct_kinds(records: dict[int, tuple[str, int, float]]) -> dict:
+def acct_kinds(records: list[tuple[str, int | None, float]]) -> dict:
     """CPU seconds by kind, from each process's ancestors (a lab host's processes descend from its
     systemd-nspawn; an Ansible module there from its sshd)."""
 
-    def ancestors(pid: int) -> list[str]:
-        names, seen = [], set()
-        while pid in records and pid not in seen:
-            seen.add(pid)
-            pid = records[pid][1]
-            if pid in records:
-                names.append(records[pid][0])
+    def ancestors(index: int) -> list[str]:
+        names = []
+        parent = records[index][1]
+        while parent is not None and len(names) < 64:
+            names.append(records[parent][0])
+            parent = records[parent][1]
         return names
 
     cpu: dict[str, float] = collections.defaultdict(float)
     runs = modules = servers = misses = 0
-    for pid, (name, ppid, seconds) in records.items():
-        above = ancestors(pid)
+    for index, (name, _parent, seconds) in enumerate(records):
+        above = ancestors(index)
         if "systemd-nspawn" in above or name == "systemd-nspawn":
             if name == "python3" and "sshd" in above:
                 kind, modules = "lab hosts: Ansible modules", modules + 1
@@ -116,7 +123,7 @@ def acct_kinds(records: dict[int, tuple[str, int, float]]) -> dict:
                 kind = "lab hosts: the rest"
         elif name == "ansible-playboo":  # comm is 15 characters
             kind = "controller: ansible-playbook"
-            runs += records.get(ppid, ("",))[0] != "ansible-playboo"
+            runs += not above or above[0] != "ansible-playboo"
         else:
             kind = "controller: the rest"
         cpu[kind] += seconds
