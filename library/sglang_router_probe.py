@@ -134,15 +134,15 @@ workers_ready:
 """
 
 import grp
-import hashlib
 import os
 import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.sglang_files import sha256_of
 from ansible.module_utils.sglang_http import HttpError, get_json, status
 from ansible.module_utils.sglang_proc import port_listeners
-from ansible.module_utils.sglang_systemd import SystemctlError, show
+from ansible.module_utils.sglang_systemd import SystemctlError, is_loaded, needs_daemon_reload, show
 
 SHOW = (
     "LoadState",
@@ -180,10 +180,10 @@ def file_differences(want, found):
 def service_differences(props, service):
     """What keeps ``service`` (its ``systemctl show`` properties) from running as the role leaves it."""
     out = []
-    if props.get("LoadState") != "loaded":
+    if not is_loaded(props):
         out.append(f"{service} is not installed (LoadState={props.get('LoadState', '')})")
         return out
-    if props.get("NeedDaemonReload") == "yes":
+    if needs_daemon_reload(props):
         out.append(f"{service}: systemd has not read its unit file since it changed")
     if props.get("UnitFileState") != "enabled":
         out.append(f"{service} is not enabled (UnitFileState={props.get('UnitFileState', '')})")
@@ -225,8 +225,7 @@ def path_state(path):
         "group": name_of(grp.getgrgid, st.st_gid),
     }
     if stat.S_ISREG(st.st_mode):
-        with open(path, "rb") as handle:
-            found["sha256"] = hashlib.sha256(handle.read()).hexdigest()
+        found["sha256"] = sha256_of(path)
     elif not found["is_dir"]:
         found["is_dir"] = None  # a link or a special file: neither
     return found
